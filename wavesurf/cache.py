@@ -1,0 +1,108 @@
+"""Where wavesurf keeps what it computes once: dequantized models and keyed results.
+
+Every entry is written into a temporary sibling directory and renamed into place only when
+complete, so an interrupted run never leaves a half-written entry that looks finished.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+MANIFEST = "wavesurf-manifest.json"
+
+
+def cache_root() -> Path:
+    """The cache directory: ``$WAVESURF_CACHE`` if set, else the user's cache dir + ``wavesurf``."""
+    env = os.environ.get("WAVESURF_CACHE")
+    if env:
+        return Path(env).expanduser()
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("wavesurf"))
+
+
+def file_sha256(path: Path, block: int = 1 << 22) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(block):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def params_key(params: Mapping[str, Any]) -> str:
+    """A short stable key for a parameter dict (sorted JSON, sha256): changes iff a parameter does."""
+    blob = json.dumps(params, sort_keys=True, default=str, separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+@contextlib.contextmanager
+def atomic_directory(final: Path, overwrite: bool = False) -> Iterator[Path]:
+    """Yield a temporary directory next to ``final``; on success rename it to ``final``.
+
+    On any exception (Ctrl-C included) the temporary directory is deleted and ``final`` is
+    untouched, so nothing partial is ever found at ``final``.
+    """
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    if final.exists() and not overwrite:
+        raise FileExistsError(f"{final} already exists; remove it or pass overwrite=True (--overwrite)")
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.partial-", dir=final.parent))
+    umask = os.umask(0)
+    os.umask(umask)
+    tmp.chmod(0o777 & ~umask)  # mkdtemp makes it private; the finished entry follows the umask
+    try:
+        yield tmp
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def write_manifest(directory: Path, info: Mapping[str, Any], hash_files: bool = True) -> dict:
+    """Record size (and sha256) of every file in ``directory`` plus ``info``; written last."""
+    files = {}
+    for path in sorted(p for p in directory.rglob("*") if p.is_file() and p.name != MANIFEST):
+        rel = path.relative_to(directory).as_posix()
+        entry: dict[str, Any] = {"bytes": path.stat().st_size}
+        if hash_files:
+            entry["sha256"] = file_sha256(path)
+        files[rel] = entry
+    manifest = {**info, "files": files}
+    (directory / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True))
+    return manifest
+
+
+def read_manifest(directory: Path) -> dict | None:
+    path = Path(directory) / MANIFEST
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def verify_directory(directory: Path, deep: bool = False) -> str | None:
+    """Return ``None`` if every file listed in the manifest is present with its recorded size
+    (and hash when ``deep``); otherwise a short reason why the entry is damaged."""
+    manifest = read_manifest(directory)
+    if manifest is None:
+        return "no readable manifest"
+    for rel, entry in manifest.get("files", {}).items():
+        path = Path(directory) / rel
+        if not path.is_file():
+            return f"missing file {rel}"
+        if path.stat().st_size != entry["bytes"]:
+            return f"{rel} has {path.stat().st_size} bytes, manifest says {entry['bytes']}"
+        if deep and "sha256" in entry and file_sha256(path) != entry["sha256"]:
+            return f"{rel} does not match its sha256"
+    return None

@@ -1,0 +1,220 @@
+"""Load a target model by embedded name, local directory or Hugging Face id, and the layer-id
+convention every other module uses.
+
+Layer ids follow vLLM / EAGLE-3: id 0 is the embedding output (the input of block 1), id i in
+1..N is the residual stream after block i, *before* the final norm. SpecForge / SGLang name the
+same tensors "output of block k" with k = id - 1.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+import warnings
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .assets import DEFAULT_MODEL, EMBEDDED_MODELS, ensure_dequantized
+from .errors import LayerIdError, ModelNotAvailableError, UnknownModelError
+
+log = logging.getLogger(__name__)
+
+
+def configure_torch(threads: int | None = None) -> None:
+    """Use every core for intra-op work and keep TF32 off (the statistics sum large numbers)."""
+    import torch
+
+    if threads is None:
+        threads = int(os.environ.get("WAVESURF_THREADS", 0)) or (os.cpu_count() or 1)
+    torch.set_num_threads(max(1, threads))
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+
+
+def pick_device(device: str = "auto") -> str:
+    import torch
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"device={device!r} was asked for but CUDA is not available; use 'cpu' or 'auto'")
+    if device not in ("cpu", "mps") and not device.startswith("cuda"):
+        raise ValueError(f"device={device!r} is not one of 'auto', 'cpu', 'cuda', 'cuda:N', 'mps'")
+    return device
+
+
+@dataclass
+class Target:
+    """A loaded target model and the facts about it other steps need."""
+
+    name: str
+    model: Any  # transformers PreTrainedModel (causal LM), in eval mode
+    tokenizer: Any
+    n_layers: int  # N, number of transformer blocks
+    hidden_size: int  # d
+    vocab_size: int  # V (rows of the unembedding)
+    has_chat_template: bool
+    device: str
+    dtype: str
+    source: str
+    load_seconds: float = field(default=0.0, repr=False)
+
+    # ---- layer-id convention -------------------------------------------------------------
+    @property
+    def layer_ids(self) -> list[int]:
+        """All layer ids, 0..N (vLLM convention)."""
+        return list(range(self.n_layers + 1))
+
+    def default_layer_ids(self) -> list[int]:
+        """The EAGLE-3 default rule ``[2, N//2, N-3]`` in vLLM ids."""
+        return default_layer_ids(self.n_layers)
+
+    def to_sglang(self, layer_ids: Sequence[int]) -> list[int]:
+        """vLLM ids -> SpecForge/SGLang "output of block k" ids (k = id - 1)."""
+        return to_sglang(self.check_layer_ids(layer_ids), self.n_layers)
+
+    def from_sglang(self, block_ids: Sequence[int]) -> list[int]:
+        return from_sglang(block_ids, self.n_layers)
+
+    def check_layer_ids(self, layer_ids: Iterable[int]) -> list[int]:
+        return check_layer_ids(layer_ids, self.n_layers)
+
+    def describe(self) -> dict:
+        return {
+            "model": self.name,
+            "n_layers": self.n_layers,
+            "hidden_size": self.hidden_size,
+            "vocab_size": self.vocab_size,
+            "chat_template": self.has_chat_template,
+            "device": self.device,
+            "dtype": self.dtype,
+            "source": self.source,
+        }
+
+
+def default_layer_ids(n_layers: int) -> list[int]:
+    return [2, n_layers // 2, n_layers - 3]
+
+
+def check_layer_ids(layer_ids: Iterable[int], n_layers: int) -> list[int]:
+    """Validate vLLM layer ids against a model with ``n_layers`` blocks (allowed: 0..N, no repeats)."""
+    ids = list(layer_ids)
+    bad = [i for i in ids if not isinstance(i, int) or isinstance(i, bool) or not 0 <= i <= n_layers]
+    if bad:
+        raise LayerIdError(f"layer ids {bad} are out of range: allowed are integers 0..{n_layers} (vLLM ids, 0 = embeddings)")
+    dup = sorted({i for i in ids if ids.count(i) > 1})
+    if dup:
+        raise LayerIdError(f"layer ids {dup} are given more than once in {ids}")
+    if not ids:
+        raise LayerIdError("no layer ids given; allowed are integers 0..{n_layers}")
+    return ids
+
+
+def to_sglang(layer_ids: Sequence[int], n_layers: int) -> list[int]:
+    ids = check_layer_ids(layer_ids, n_layers)
+    if 0 in ids:
+        raise LayerIdError("layer id 0 (the embedding output) has no SGLang/SpecForge 'output of block k' id")
+    return [i - 1 for i in ids]
+
+
+def from_sglang(block_ids: Sequence[int], n_layers: int) -> list[int]:
+    bad = [k for k in block_ids if not 0 <= k < n_layers]
+    if bad:
+        raise LayerIdError(f"SGLang block ids {bad} are out of range: allowed are 0..{n_layers - 1}")
+    return check_layer_ids([k + 1 for k in block_ids], n_layers)
+
+
+# ---------------------------------------------------------------------------------------------
+def _resolve_dtype(dtype: str | None, device: str):
+    import torch
+
+    names = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+             "float16": torch.float16, "fp16": torch.float16}
+    if dtype is None:
+        return torch.float32
+    if dtype not in names:
+        raise ValueError(f"dtype={dtype!r} is not one of {sorted(names)}")
+    if device == "cpu" and names[dtype] != torch.float32:
+        raise ValueError(f"dtype={dtype!r} is only supported on GPU; on CPU wavesurf runs float32")
+    return names[dtype]
+
+
+def _looks_like_hf_id(name: str) -> bool:
+    parts = name.split("/")
+    return len(parts) == 2 and all(parts) and not name.startswith((".", "/", "~"))
+
+
+def load_target(
+    name_or_path: str = DEFAULT_MODEL,
+    device: str = "auto",
+    dtype: str | None = None,
+    allow_download: bool = False,
+) -> Target:
+    """Load a target: an embedded name (``smollm2-135m``, ``gemma3-270m``), a local directory with
+    a transformers checkpoint, or a Hugging Face id already in the local HF cache.
+
+    Nothing is downloaded unless ``allow_download=True``. Float32 on CPU; ``dtype="bfloat16"`` is
+    allowed on GPU.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    t0 = time.perf_counter()
+    device = pick_device(device)
+    torch_dtype = _resolve_dtype(dtype, device)
+    if name_or_path in EMBEDDED_MODELS:
+        spec = EMBEDDED_MODELS[name_or_path]
+        path, local_only, source = ensure_dequantized(name_or_path), True, spec.source
+        name = name_or_path
+    elif Path(name_or_path).expanduser().is_dir():
+        path, local_only = Path(name_or_path).expanduser(), True
+        source = f"local directory {path}"
+        name = path.name
+    elif _looks_like_hf_id(name_or_path):
+        path, local_only = name_or_path, not allow_download
+        source = f"Hugging Face {name_or_path}"
+        name = name_or_path
+    else:
+        raise UnknownModelError(
+            f"unknown model {name_or_path!r}: use one of the embedded models "
+            f"{', '.join(EMBEDDED_MODELS)}, a local directory with a transformers checkpoint, "
+            "or a Hugging Face id like 'meta-llama/Llama-3.1-8B-Instruct'"
+        )
+    try:
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=local_only)
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, local_files_only=local_only)
+        except Exception as exc:  # a damaged cache entry that passed the size check: rebuild once
+            if name_or_path not in EMBEDDED_MODELS:
+                raise
+            warnings.warn(f"cache entry {path} could not be loaded ({exc}); rebuilding it", stacklevel=2)
+            path = ensure_dequantized(name_or_path, rebuild=True)
+            tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, local_files_only=True)
+    except OSError as exc:
+        if isinstance(path, Path):
+            raise ModelNotAvailableError(f"could not load a transformers checkpoint from {path}: {exc}") from exc
+        raise ModelNotAvailableError(
+            f"model {name_or_path!r} is not in the local Hugging Face cache and wavesurf does not download "
+            f"by default. Either download it first (`huggingface-cli download {name_or_path}`, "
+            "with HF_HOME pointing at your cache), pass the local directory that holds its files, or allow "
+            "downloads with allow_download=True / --allow-download."
+        ) from exc
+    model.to(device).eval()
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    vocab = model.get_output_embeddings().weight.shape[0]
+    return Target(
+        name=name,
+        model=model,
+        tokenizer=tokenizer,
+        n_layers=int(config.num_hidden_layers),
+        hidden_size=int(config.hidden_size),
+        vocab_size=int(vocab),
+        has_chat_template=bool(getattr(tokenizer, "chat_template", None)),
+        device=device,
+        dtype=str(torch_dtype).replace("torch.", ""),
+        source=source,
+        load_seconds=time.perf_counter() - t0,
+    )
