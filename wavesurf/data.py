@@ -268,7 +268,8 @@ def encode(example: Example, tokenizer: Any, use_chat_template: bool, max_len: i
     for start, end, role in spans:
         char_roles[start:end] = role
     offsets = np.asarray(enc["offset_mapping"][:max_len], dtype=np.int64).reshape(-1, 2)
-    roles = np.where(offsets[:, 1] > offsets[:, 0], char_roles[np.minimum(offsets[:, 0], len(text))], ROLE_TEMPLATE)
+    # a token takes the role of its last character: " Two" (leading space from the template) is content
+    roles = np.where(offsets[:, 1] > offsets[:, 0], char_roles[np.clip(offsets[:, 1] - 1, 0, len(text))], ROLE_TEMPLATE)
     return Encoded(example.id, ids, roles.astype(np.int8))
 
 

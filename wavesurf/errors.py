@@ -27,3 +27,7 @@ class BudgetError(WavesurfError, ValueError):
 
 class LayerIdError(WavesurfError, ValueError):
     """Layer ids are out of range or duplicated."""
+
+
+class StatsError(WavesurfError, ValueError):
+    """Bad input to the statistics core (non-finite values, bad alpha, mismatched accumulators)."""

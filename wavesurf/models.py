@@ -182,6 +182,10 @@ def load_target(
             f"{', '.join(EMBEDDED_MODELS)}, a local directory with a transformers checkpoint, "
             "or a Hugging Face id like 'meta-llama/Llama-3.1-8B-Instruct'"
         )
+    from transformers.utils import logging as hf_logging
+
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # loading takes ~2 s; a bar per load is noise
     try:
         try:
             tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=local_only)
@@ -202,6 +206,9 @@ def load_target(
             "with HF_HOME pointing at your cache), pass the local directory that holds its files, or allow "
             "downloads with allow_download=True / --allow-download."
         ) from exc
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
     model.to(device).eval()
     config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     vocab = model.get_output_embeddings().weight.shape[0]

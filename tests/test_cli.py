@@ -1,0 +1,65 @@
+import json
+
+import pytest
+
+from wavesurf.cli import build_parser, main
+
+
+def test_help_reads_well(capsys):
+    for verb in (None, "models", "datasets", "capture"):
+        with pytest.raises(SystemExit) as ex:
+            main([verb, "--help"] if verb else ["--help"])
+        assert ex.value.code == 0
+    out = capsys.readouterr().out
+    assert "vLLM convention" in out and "--max-tokens" in out and "EAGLE-3 rule" in out
+
+
+def test_models_lists_both(capsys):
+    assert main(["models", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert {(r["name"], r["n_layers"], r["hidden_size"], r["vocab_size"]) for r in rows} == {
+        ("smollm2-135m", 30, 576, 49152), ("gemma3-270m", 18, 640, 262144)}
+
+
+def test_datasets_lists_sizes(capsys):
+    assert main(["datasets", "--json"]) == 0
+    rows = {r["name"]: r for r in json.loads(capsys.readouterr().out)}
+    assert rows["mt-bench"]["examples"] == 80 and rows["humaneval"]["examples"] == 164
+    assert sum(rows["sharegpt"]["splits"].values()) == rows["sharegpt"]["examples"]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["capture", "--max-tokens", "0"], "must be a positive integer"),
+    (["capture", "--max-tokens", "100", "--layers", "2,x"], "comma-separated vLLM layer ids"),
+])
+def test_argument_errors(capsys, argv, message):
+    with pytest.raises(SystemExit) as ex:
+        main(argv)
+    assert ex.value.code == 2 and message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["capture", "--max-tokens", "100", "--layers", "2,99"], "0..30"),
+    (["capture", "--max-tokens", "100", "--model", "nope"], "smollm2-135m"),
+    (["capture", "--max-tokens", "100000000", "--dataset", "humaneval"], "ask for at most"),
+    (["capture", "--max-tokens", "100", "--dataset", "missing.jsonl"], "does not exist"),
+])
+def test_runtime_errors_exit_2(capsys, argv, message):
+    assert main(argv + ["--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("wavesurf capture: error:") and message in err
+
+
+def test_capture_prints_summary(capsys, tmp_path):
+    out = tmp_path / "run"
+    assert main(["capture", "--dataset", "mt-bench", "--max-tokens", "300", "--layers", "1,30",
+                 "--out", str(out), "--quiet"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["tokens"] == 300 and summary["layers_written"] == [1, 30] and summary["n_layers"] == 30
+    assert {"model", "hidden_size", "tokens_kept", "mean_token_entropy_nats", "seconds"} <= set(summary)
+    assert (out / "wavesurf-manifest.json").is_file()
+
+
+def test_parser_has_verbs():
+    verbs = build_parser()._subparsers._group_actions[0].choices
+    assert {"models", "datasets", "capture"} <= set(verbs)
