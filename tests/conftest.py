@@ -32,3 +32,25 @@ def sharegpt():
     from wavesurf.data import load_corpus
 
     return load_corpus("sharegpt")
+
+
+# A small real capture of ShareGPT's statistics split, shared by the statistics and selection tests.
+SMALL = {"dataset": "sharegpt", "split": "stats", "max_tokens": 1500, "max_len": 128, "batch_tokens": 1024}
+
+
+@pytest.fixture(scope="session")
+def small_batches(smollm):
+    from wavesurf.capture import capture
+    from wavesurf.data import load_corpus
+
+    corpus = load_corpus(SMALL["dataset"], split=SMALL["split"])
+    return list(capture(smollm, corpus, SMALL["max_tokens"], max_len=SMALL["max_len"],
+                        batch_tokens=SMALL["batch_tokens"], progress=False))
+
+
+@pytest.fixture(scope="session")
+def small_stats(smollm):
+    """The cached analysis the CLI tests reuse (same settings => same cache key)."""
+    from wavesurf.stats.analysis import analyze
+
+    return analyze(smollm, progress=False, **SMALL)

@@ -63,3 +63,30 @@ def test_capture_prints_summary(capsys, tmp_path):
 def test_parser_has_verbs():
     verbs = build_parser()._subparsers._group_actions[0].choices
     assert {"models", "datasets", "capture"} <= set(verbs)
+
+
+SMALL_ARGS = ["--max-tokens", "1500", "--max-len", "128", "--batch-tokens", "1024", "--quiet"]
+
+
+def test_analyze_and_select_use_the_cache(small_stats, capsys):
+    assert main(["analyze", *SMALL_ARGS]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["key"] == small_stats.key and summary["layer_convention"] == "vllm"
+    assert len(summary["entropy_nats"]) == 31 and summary["compartments"][0][0] == 0
+    assert main(["select", "--k", "3", "--method", "aggregate", *SMALL_ARGS]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["convention"] == "vllm" and out["sglang_layer_ids"] == [i - 1 for i in out["layer_ids"]]
+    assert main(["select", "--method", "default", "--eagle-config", "specforge", *SMALL_ARGS]) == 0
+    snippet = json.loads(capsys.readouterr().out)
+    assert snippet == {"eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 14, 26], "use_aux_hidden_state": True}}
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["select", "--method", "pca"], "available: default, entropy, aggregate, cka, combined"),
+    (["select", "--k", "0"], "allowed are 1..31"),
+    (["analyze", "--filter", "top20"], "allowed:"),
+    (["analyze", "--filter", "12nats"], "the statistics need at least 577"),
+])
+def test_analysis_errors_exit_2(capsys, argv, message):
+    assert main(argv + SMALL_ARGS) == 2
+    assert message in capsys.readouterr().err

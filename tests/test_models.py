@@ -1,4 +1,3 @@
-import math
 import shutil
 
 import pytest
@@ -96,6 +95,3 @@ def test_damaged_cache_entry_is_rebuilt(smollm, monkeypatch, tmp_path):
     assert assets.verify_directory(dst, deep=True) is None
     assert not [p for p in tmp_path.joinpath("models").iterdir() if p.name.startswith(".")]
 
-
-def test_log_vocab_bound():
-    assert math.log(49152) == pytest.approx(10.8025, abs=1e-4)

@@ -18,6 +18,8 @@ from .errors import (
     WavesurfError,
 )
 from .models import Target, default_layer_ids, load_target
+from .select import METHODS, Selection, select_layers
+from .stats.analysis import AnalysisSettings, LayerStats, analyze, load_stats
 
 __all__ = [
     "__version__", "DEFAULT_MODEL", "EMBEDDED_MODELS",
@@ -26,4 +28,5 @@ __all__ = [
     "CaptureBatch", "capture", "collect_states", "run_capture", "write_capture",
     "WavesurfError", "UnknownModelError", "ModelNotAvailableError", "MissingAssetError",
     "DatasetError", "BudgetError", "LayerIdError",
+    "AnalysisSettings", "LayerStats", "analyze", "load_stats", "METHODS", "Selection", "select_layers",
 ]

@@ -97,6 +97,99 @@ def cmd_capture(args: argparse.Namespace) -> int:
     return 0
 
 
+def _analysis_settings(args: argparse.Namespace):
+    from .stats.analysis import AnalysisSettings
+
+    return AnalysisSettings(
+        dataset=args.dataset, split=_default_split(args), split_seed=args.split_seed,
+        max_tokens=args.max_tokens, max_len=args.max_len, batch_tokens=args.batch_tokens, roles=args.roles,
+        filter=args.filter, pilot_tokens=args.pilot_tokens, include_position0=args.include_position0,
+        l2_normalize=args.l2_normalize, estimator=args.estimator, memory_budget_gb=args.memory_budget_gb,
+        minibatch_size=args.minibatch_size, seed=args.seed,
+    )
+
+
+def _default_split(args: argparse.Namespace) -> str | None:
+    if args.split is None:  # ShareGPT's statistics split; other corpora are used whole
+        return "stats" if args.dataset == "sharegpt" else None
+    return None if args.split == "none" else args.split
+
+
+def _run_analysis(args: argparse.Namespace, k: int | None = None):
+    from .models import load_target
+    from .select import SelectionError
+    from .stats.analysis import analyze
+
+    settings = _analysis_settings(args)
+    settings.check()  # bad options fail before the model loads
+    target = load_target(args.model, device=args.device)
+    if k is not None and not 1 <= k <= target.n_layers + 1:  # and before the (slow) analysis
+        raise SelectionError(f"k={k} is out of range: allowed are 1..{target.n_layers + 1} (N+1 layer ids for this model)")
+    return target, analyze(target, settings, use_cache=not args.no_cache, progress=not args.quiet)
+
+
+def cmd_analyze(args: argparse.Namespace) -> int:
+    target, stats = _run_analysis(args)
+    main = stats.main
+    summary = {
+        "model": target.name, "n_layers": target.n_layers, "hidden_size": target.hidden_size,
+        "key": stats.key, "results": str(stats.path) if stats.path else None,
+        "layer_convention": "vllm", "estimator": stats.meta["estimator_used"], "filter": stats.meta["filter"],
+        "tokens": stats.meta["tokens"],
+        "entropy_nats": {int(i): round(float(e), 4) for i, e in zip(main.layer_ids, main.entropy)},
+        "compartments": [list(c) for c in main.compartments],
+        "seconds": stats.meta["seconds"],
+    }
+    if stats.control is not None:
+        summary["random_control_entropy_nats"] = {int(i): round(float(e), 4)
+                                                  for i, e in zip(stats.control.layer_ids, stats.control.entropy)}
+    _print_json(summary)
+    return 0
+
+
+def cmd_select(args: argparse.Namespace) -> int:
+    from .select import METHODS, select_layers
+
+    if args.method not in METHODS:  # before the (slow) analysis
+        raise ValueError(f"unknown method {args.method!r}; available: {', '.join(METHODS)}")
+    target, stats = _run_analysis(args, k=args.k)
+    candidates = range(0, target.n_layers + 1) if args.allow_embedding else None
+    selection = select_layers(stats, k=args.k, method=args.method, candidates=candidates)
+    out = selection.to_dict()
+    if args.eagle_config:
+        out = selection.eagle_config(args.eagle_config)
+    _print_json(out)
+    return 0
+
+
+def _add_analysis_options(p: argparse.ArgumentParser) -> None:
+    from .stats.filtering import FILTER_HELP
+
+    p.add_argument("--model", default=DEFAULT_MODEL, help=f"embedded name, local directory or HF id (default {DEFAULT_MODEL})")
+    p.add_argument("--dataset", default="sharegpt", help=f"{', '.join(CORPUS_ASSETS)} or a .jsonl path (default sharegpt)")
+    p.add_argument("--split", default=None, choices=["train", "stats", "heldout", "none"],
+                   help="ShareGPT split (default: stats for sharegpt; 'none' = the whole corpus)")
+    p.add_argument("--split-seed", type=int, default=0, help="seed of the ShareGPT split (default 0)")
+    p.add_argument("--max-tokens", type=_positive_int, default=100_000, help="tokens fed to the model (default 100000)")
+    p.add_argument("--max-len", type=_positive_int, default=512, help="truncate examples to this many tokens (default 512)")
+    p.add_argument("--batch-tokens", type=_positive_int, default=4096, help="padded tokens per forward pass (default 4096)")
+    p.add_argument("--roles", choices=["all", "assistant"], default="all", help="tokens that count (default all)")
+    p.add_argument("--filter", default="none", help=f"token-entropy filter: {FILTER_HELP.replace('%', '%%')} (default none); "
+                                                    "a random subset of the same size is computed beside it")
+    p.add_argument("--pilot-tokens", type=_positive_int, default=8192, help="positions that fix a quantile threshold (default 8192)")
+    p.add_argument("--include-position0", action="store_true", help="keep position 0 (BOS / attention sink; off by default)")
+    p.add_argument("--l2-normalize", action="store_true", help="unit-norm rows per layer first (cosine variant)")
+    p.add_argument("--estimator", choices=["auto", "exact", "minibatch"], default="auto",
+                   help="CKA estimator: exact full-data, unbiased minibatch, or auto by --memory-budget-gb (default auto)")
+    p.add_argument("--memory-budget-gb", type=float, default=8.0, help="memory for exact cross-layer moments (default 8)")
+    p.add_argument("--minibatch-size", type=_positive_int, default=1024, help="tokens per CKA minibatch (default 1024)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random control and minibatch shuffling (default 0)")
+    p.add_argument("--no-cache", action="store_true", help="recompute and do not store the result")
+    p.add_argument("--device", default="auto", help="auto (CUDA if present), cpu, cuda, cuda:N")
+    p.add_argument("--allow-download", action="store_true", help="let transformers download a Hugging Face model")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="wavesurf",
@@ -136,6 +229,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--allow-download", action="store_true", help="let transformers download a Hugging Face model (off by default)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_capture)
+
+    p = sub.add_parser("analyze", help="matrix entropy, CKA and compartments of every layer",
+                       description="One pass over a corpus: matrix entropy (nats) of every layer id 0..N, the "
+                                   "(N+1)x(N+1) linear CKA matrix and depth compartments, on statistics positions "
+                                   "(no padding, no position 0), optionally token-entropy filtered with a random "
+                                   "control of the same size. Results are cached by every parameter; prints a summary.")
+    _add_analysis_options(p)
+    p.set_defaults(func=cmd_analyze)
+
+    p = sub.add_parser("select", help="which k layers an EAGLE-3 drafter should read",
+                       description="Pick k target layers for an EAGLE-3 drafter from the (cached) statistics. Prints "
+                                   'JSON {"layer_ids": [...], "convention": "vllm", "sglang_layer_ids": [...], '
+                                   '"method", "scores", "reason"}.')
+    p.add_argument("--k", type=int, default=3, help="number of layers (1..N+1, default 3)")
+    p.add_argument("--method", default="combined",
+                   help="default ([2, N//2, N-3]), entropy, aggregate, cka, combined (default combined)")
+    p.add_argument("--allow-embedding", action="store_true", help="let id 0 (embedding output) be chosen")
+    p.add_argument("--eagle-config", choices=["specforge", "vllm", "speculators"], default=None,
+                   help="print the drafter-config snippet instead: SpecForge/SGLang 'output of block k' ids, "
+                        "or vLLM/speculators ids")
+    _add_analysis_options(p)
+    p.set_defaults(func=cmd_select)
     return parser
 
 

@@ -1,0 +1,99 @@
+import itertools
+import json
+
+import numpy as np
+import pytest
+
+from wavesurf import select as sel
+from wavesurf.select import METHODS, SelectionError, select_layers
+from wavesurf.stats.entropy import aggregate_entropy2_closed_form
+
+
+@pytest.mark.parametrize("method", list(METHODS))
+def test_every_method_returns_valid_ids(small_stats, method):
+    s = select_layers(small_stats, k=3, method=method)
+    assert len(s.layer_ids) == 3 and s.layer_ids == sorted(set(s.layer_ids))
+    assert all(1 <= i <= 30 for i in s.layer_ids)
+    assert s.sglang_layer_ids == [i - 1 for i in s.layer_ids] and s.convention == "vllm"
+    assert s.method == method and s.reason and {"mean_entropy_nats", "mean_pairwise_cka"} <= set(s.scores)
+    json.dumps(s.to_dict())  # JSON-able for the CLI
+
+
+def test_default_rule(small_stats):
+    assert select_layers(small_stats, 3, "default").layer_ids == [2, 15, 27]
+    with pytest.raises(SelectionError, match="needs k=3"):
+        select_layers(small_stats, 4, "default")
+
+
+def test_aggregate_is_the_exhaustive_alpha2_optimum_then_alpha1(small_stats):
+    s = select_layers(small_stats, 3, "aggregate")
+    subsets = np.array(list(itertools.combinations(range(1, 31), 3)))
+    s2 = aggregate_entropy2_closed_form(small_stats.purity, small_stats.cka, subsets)
+    top = subsets[np.argsort(-s2)[: sel.SHORTLIST]]
+    assert [a["layer_ids"] for a in s.alternatives] == [list(t) for t in top]
+    s1 = [small_stats.aggregate_entropy(list(t), 1.0) for t in top]
+    assert s.layer_ids == list(top[int(np.argmax(s1))])
+    # the closed form agrees with the eigendecomposition on the chosen set
+    assert s.scores["aggregate_entropy2_nats"] == pytest.approx(small_stats.aggregate_entropy(s.layer_ids, 2.0), rel=1e-5)
+
+
+def test_entropy_method_spacing(small_stats):
+    s = select_layers(small_stats, 3, "entropy", min_spacing=4)
+    assert min(np.diff(s.layer_ids)) >= 4
+    best = int(np.argmax(small_stats.entropy[1:])) + 1
+    assert best in s.layer_ids
+    with pytest.raises(SelectionError, match="lower min_spacing"):
+        select_layers(small_stats, 10, "entropy", min_spacing=10)
+
+
+def test_cka_method_one_layer_per_compartment(small_stats):
+    s = select_layers(small_stats, 3, "cka")
+    blocks = s.scores["compartments"]
+    assert len(blocks) == 3 and blocks[0][0] == 1 and blocks[-1][1] == 30
+    assert [sum(lo <= i <= hi for i in s.layer_ids) for lo, hi in blocks] == [1, 1, 1]
+
+
+def test_combined_trade_off_extremes(small_stats):
+    only_entropy = select_layers(small_stats, 2, "combined", trade_off=0.0)
+    top2 = sorted(np.argsort(-small_stats.normalized_entropy[1:])[:2] + 1)
+    assert only_entropy.layer_ids == [int(i) for i in top2]
+    only_div = select_layers(small_stats, 2, "combined", trade_off=1.0)
+    sub = small_stats.cka[1:, 1:]
+    a, b = np.unravel_index(np.argmin(sub), sub.shape)
+    assert only_div.layer_ids == sorted([int(a) + 1, int(b) + 1])
+    with pytest.raises(SelectionError, match=r"\[0, 1\]"):
+        select_layers(small_stats, 3, "combined", trade_off=2)
+
+
+def test_greedy_path_for_large_searches(small_stats, monkeypatch):
+    monkeypatch.setattr(sel, "EXHAUSTIVE_LIMIT", 10)
+    s = select_layers(small_stats, 4, "aggregate")
+    assert len(s.layer_ids) == 4 and "greedy" in s.reason
+
+
+@pytest.mark.parametrize("k", [0, 32, -1])
+def test_bad_k(small_stats, k):
+    with pytest.raises(SelectionError, match=r"allowed are 1\.\.31"):
+        select_layers(small_stats, k, "aggregate")
+
+
+def test_k_edges(small_stats):
+    assert len(select_layers(small_stats, 1, "aggregate").layer_ids) == 1
+    assert select_layers(small_stats, 31, "combined", candidates=range(31)).layer_ids == list(range(31))
+    with pytest.raises(SelectionError, match="more than the 30 candidate"):
+        select_layers(small_stats, 31, "combined")
+
+
+def test_unknown_method_lists_methods(small_stats):
+    with pytest.raises(SelectionError, match="default, entropy, aggregate, cka, combined"):
+        select_layers(small_stats, 3, "pca")
+
+
+def test_eagle_config_snippets(small_stats):
+    s = select_layers(small_stats, 3, "default")
+    assert s.eagle_config("specforge") == {"eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 14, 26],
+                                                            "use_aux_hidden_state": True}}
+    assert s.eagle_config("vllm") == {"eagle_aux_hidden_state_layer_ids": [2, 15, 27]}
+    with_embedding = select_layers(small_stats, 31, "combined", candidates=range(31))
+    with pytest.raises(SelectionError, match="embeddings"):
+        with_embedding.eagle_config("specforge")
