@@ -154,7 +154,12 @@ def cmd_select(args: argparse.Namespace) -> int:
         raise ValueError(f"unknown method {args.method!r}; available: {', '.join(METHODS)}")
     target, stats = _run_analysis(args, k=args.k)
     candidates = range(0, target.n_layers + 1) if args.allow_embedding else None
-    selection = select_layers(stats, k=args.k, method=args.method, candidates=candidates)
+    options = {}
+    if args.method == "combined":
+        options["trade_off"] = args.trade_off
+    if args.method == "entropy" and args.min_spacing is not None:
+        options["min_spacing"] = args.min_spacing
+    selection = select_layers(stats, k=args.k, method=args.method, candidates=candidates, **options)
     out = selection.to_dict()
     if args.eagle_config:
         out = selection.eagle_config(args.eagle_config)
@@ -182,7 +187,7 @@ def _add_analysis_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--estimator", choices=["auto", "exact", "minibatch"], default="auto",
                    help="CKA estimator: exact full-data, unbiased minibatch, or auto by --memory-budget-gb (default auto)")
     p.add_argument("--memory-budget-gb", type=float, default=8.0, help="memory for exact cross-layer moments (default 8)")
-    p.add_argument("--minibatch-size", type=_positive_int, default=1024, help="tokens per CKA minibatch (default 1024)")
+    p.add_argument("--minibatch-size", type=_positive_int, default=512, help="tokens per CKA minibatch (default 512)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random control and minibatch shuffling (default 0)")
     p.add_argument("--no-cache", action="store_true", help="recompute and do not store the result")
     p.add_argument("--device", default="auto", help="auto (CUDA if present), cpu, cuda, cuda:N")
@@ -246,6 +251,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--method", default="combined",
                    help="default ([2, N//2, N-3]), entropy, aggregate, cka, combined (default combined)")
     p.add_argument("--allow-embedding", action="store_true", help="let id 0 (embedding output) be chosen")
+    p.add_argument("--trade-off", type=float, default=0.5,
+                   help="combined: weight t of diversity (1 - mean CKA) against normalised entropy (default 0.5)")
+    p.add_argument("--min-spacing", type=int, default=None, help="entropy: minimum distance between picked ids (default N // 2k)")
     p.add_argument("--eagle-config", choices=["specforge", "vllm", "speculators"], default=None,
                    help="print the drafter-config snippet instead: SpecForge/SGLang 'output of block k' ids, "
                         "or vLLM/speculators ids")

@@ -6,6 +6,8 @@ import numpy as np
 import pytest
 import torch
 
+from tests.stats.synthetic import fill as _fill
+from tests.stats.synthetic import hard_layers as _hard_layers
 from wavesurf.errors import StatsError
 from wavesurf.stats import (
     DEFAULT_MEMORY_BUDGET,
@@ -23,27 +25,13 @@ import wavesurf.stats.cka as cka_mod
 D = 16
 
 
-def hard_layers(n: int, n_layers: int = 4, d: int = D, seed: int = 0) -> dict[int, np.ndarray]:
-    """Layers sharing a latent, with means ~1e3 and 3 dims scaled by 1e3."""
-    rng = np.random.default_rng(seed)
-    base = rng.standard_normal((n, d)) * np.linspace(0.2, 2.0, d)
-    out = {}
-    for k in range(n_layers):
-        A = rng.standard_normal((d, d)) / np.sqrt(d)
-        x = base @ A + (0.3 + 0.4 * k) * rng.standard_normal((n, d))
-        x += 1e3 * (1.0 + rng.random(d))
-        x[:, :3] *= 1e3
-        out[10 + k] = x
-    return out
+def hard_layers(n, n_layers=4, seed=0):
+    return _hard_layers(n, [10 + k for k in range(n_layers)], D, seed, noise_step=0.4)
 
 
-def fill(data, sizes=(700, 1300, 1000), **kw) -> LayerMoments:
-    acc = LayerMoments(list(data), next(iter(data.values())).shape[1], **kw)
-    s = 0
-    for m in sizes:
-        acc.update({k: torch.tensor(v[s : s + m]) for k, v in data.items()})
-        s += m
-    return acc
+def fill(data, sizes=(700, 1300, 1000), **kw):
+    return _fill(data, sizes, **kw)
+
 
 
 def random_rotation(d: int, seed: int) -> np.ndarray:

@@ -3,12 +3,13 @@ from __future__ import annotations
 
 import itertools
 import math
-import time
 
 import numpy as np
 import pytest
 import torch
 
+from tests.stats.synthetic import fill
+from tests.stats.synthetic import hard_layers as _hard_layers
 from wavesurf.errors import StatsError
 from wavesurf.stats import (
     LayerMoments,
@@ -28,27 +29,8 @@ LAYERS = [1, 4, 6, 9]
 D = 16
 
 
-def hard_layers(n: int, layer_ids=LAYERS, d: int = D, seed: int = 0) -> dict[int, np.ndarray]:
-    """Correlated layers with anisotropic spectra, means ~1e3 and 3 dims scaled by 1e3."""
-    rng = np.random.default_rng(seed)
-    base = rng.standard_normal((n, d)) * np.linspace(0.2, 2.0, d)
-    out = {}
-    for k, lid in enumerate(layer_ids):
-        A = rng.standard_normal((d, d)) / np.sqrt(d)
-        x = base @ A + (0.3 + 0.3 * k) * rng.standard_normal((n, d))
-        x += 1e3 * (1.0 + rng.random(d))
-        x[:, :3] *= 1e3
-        out[lid] = x
-    return out
-
-
-def fill(data: dict[int, np.ndarray], sizes=(500, 1500, 1000), **kw) -> LayerMoments:
-    acc = LayerMoments(list(data), next(iter(data.values())).shape[1], **kw)
-    start = 0
-    for s in sizes:
-        acc.update({k: torch.tensor(v[start : start + s]) for k, v in data.items()})
-        start += s
-    return acc
+def hard_layers(n, layer_ids=LAYERS, seed=0):
+    return _hard_layers(n, layer_ids, D, seed)
 
 
 def ref_entropy(C: np.ndarray, alpha: float) -> float:
@@ -196,7 +178,7 @@ def test_alpha2_closed_form_equals_direct():
         aggregate_entropy2_closed_form(P, cka, np.array([[0, 4]]))
 
 
-def test_alpha2_closed_form_is_fast_for_all_subsets():
+def test_alpha2_closed_form_scores_all_subsets():
     rng = np.random.default_rng(7)
     L = 31
     P = rng.uniform(0.01, 0.5, L)
@@ -204,10 +186,8 @@ def test_alpha2_closed_form_is_fast_for_all_subsets():
     cka = np.abs(np.corrcoef(F))
     subs3 = np.array(list(itertools.combinations(range(L), 3)))
     assert len(subs3) == 4495
-    t = time.perf_counter()
-    s3 = aggregate_entropy2_closed_form(P, cka, subs3)
+    s3 = aggregate_entropy2_closed_form(P, cka, subs3)  # its speed is measured in benchmarks/stats_cost.py
     s31 = aggregate_entropy2_closed_form(P, cka, np.arange(L))
-    assert time.perf_counter() - t < 0.5
     assert s3.shape == (4495,) and s31.shape == (1,)
     # spot-check one subset against the formula written out
     i, j, k = subs3[1234]

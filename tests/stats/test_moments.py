@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import torch
 
+from tests.stats.synthetic import hard_layers as _hard_layers
 from wavesurf.errors import StatsError
 from wavesurf.stats import LayerMoments
 
@@ -12,18 +13,8 @@ LAYERS = [0, 3, 7]
 D = 24
 
 
-def hard_layers(n: int, layer_ids=LAYERS, d: int = D, seed: int = 0) -> dict[int, np.ndarray]:
-    """Correlated layers with means ~1e3 and 3 dimensions scaled by 1e3 (mean ~1e6, std ~1e3)."""
-    rng = np.random.default_rng(seed)
-    base = rng.standard_normal((n, d))
-    out = {}
-    for k, lid in enumerate(layer_ids):
-        A = rng.standard_normal((d, d)) / np.sqrt(d)
-        x = base @ A + (0.3 + 0.2 * k) * rng.standard_normal((n, d))
-        x += 1e3 * (1.0 + rng.random(d))
-        x[:, :3] *= 1e3
-        out[lid] = x
-    return out
+def hard_layers(n, layer_ids=LAYERS, seed=0):
+    return _hard_layers(n, layer_ids, D, seed, noise_step=0.2, anisotropic=False)
 
 
 def brute_cov(x: np.ndarray, y: np.ndarray | None = None) -> np.ndarray:

@@ -55,7 +55,7 @@ class AnalysisSettings:
     l2_normalize: bool = False  # unit-norm rows per layer before accumulation (cosine variant)
     estimator: str = "auto"  # CKA: "exact" full-data, "minibatch" unbiased, "auto" by memory budget
     memory_budget_gb: float = DEFAULT_MEMORY_BUDGET / 2**30
-    minibatch_size: int = 1024
+    minibatch_size: int = 512
     seed: int = 0  # random control subset and minibatch shuffling
     min_tokens: int | None = None  # kept positions the statistics need; default d + 1
 
@@ -233,10 +233,12 @@ class _Accumulator:
     """Moments (+ minibatch CKA) of one token subset."""
 
     def __init__(self, name: str, layer_ids: list[int], dim: int, exact: bool, settings: AnalysisSettings, meta: dict):
+        import torch
+
         self.name, self.layer_ids, self.dim, self.exact = name, layer_ids, dim, exact
         self.moments = LayerMoments(layer_ids, dim, pairs=exact, l2_normalize=settings.l2_normalize,
                                     meta={**meta, "subset": name})
-        self.mb = None if exact else MinibatchCKA(layer_ids, meta={**meta, "subset": name})
+        self.mb = None if exact else MinibatchCKA(layer_ids, meta={**meta, "subset": name}, gram_dtype=torch.float32)
         self.shuffler = None if exact else TokenShuffler(8 * settings.minibatch_size, settings.minibatch_size,
                                                          seed=settings.seed + (0 if name != "random" else 7))
         self.l2 = settings.l2_normalize
@@ -249,7 +251,7 @@ class _Accumulator:
             rows = gather_layer_rows(hidden, self.layer_ids, mask)
             if self.l2:
                 rows = [r / r.norm(dim=1, keepdim=True).clamp_min(1e-30) for r in rows]
-            for minibatch in self.shuffler.add({lid: r.double() for lid, r in zip(self.layer_ids, rows)}):
+            for minibatch in self.shuffler.add({lid: r for lid, r in zip(self.layer_ids, rows)}):
                 self.mb.update(minibatch)
 
     def result(self) -> SubsetStats:
@@ -380,7 +382,8 @@ def analyze_batches(
         )
     results = [s.result() for s in subsets]
     meta = {**(params or {"n_layers": n_layers, "hidden_size": hidden_size, "model": "?", **asdict(settings)}),
-            "key": key, "estimator_used": estimator, "filter": fstate.summary(),
+            "key": key, "layer_convention": "vllm (0 = embeddings, N = last block before the final norm)",
+            "estimator_used": estimator, "filter": fstate.summary(),
             "tokens": {s.name: s.n_tokens for s in results}}
     if len(results) > 1:  # stability check: do filtered and random tokens give the same compartments?
         meta["compartment_agreement_with_control"] = round(
