@@ -172,7 +172,8 @@ def capture(
             hooks.states = {}
             with torch.no_grad():  # not inference_mode: drafter training reuses these tensors
                 out = base(input_ids=input_ids, attention_mask=mask.long(), use_cache=False)
-                entropy = token_entropy_from_hidden(model, out.last_hidden_state).masked_fill_(~mask, 0.0)
+                entropy = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
+                entropy[mask] = token_entropy_from_hidden(model, out.last_hidden_state[mask])  # no logits for padding
             hidden = {i: hooks.states[i] for i in ids}
             hooks.states = {}
             bar.update(int(mask.sum()))
