@@ -210,10 +210,10 @@ class LayerStats:
 
 # ---------------------------------------------------------------------------------------------
 def _finalize(name: str, layer_ids: list[int], moments: LayerMoments, cka: np.ndarray, dim: int) -> SubsetStats:
-    n = moments.n
-    ent, ent2, norm, pur, tr = [], [], [], [], []
     import torch
 
+    n = moments.n
+    ent, ent2, norm, pur, tr = [], [], [], [], []
     log_rank_bound = math.log(max(2, min(n - 1, dim)))  # centred n x d data has rank <= min(n-1, d)
     for lid in layer_ids:
         cov = moments.covariance(lid)
