@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from wavesurf.capture import capture, collect_states, run_capture, token_entropy_from_hidden, write_capture
-from wavesurf.data import Encoded, encode_budget, load_corpus
+from wavesurf.data import encode_budget, load_corpus
 from wavesurf.errors import BudgetError, LayerIdError
 
 

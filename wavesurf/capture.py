@@ -23,6 +23,13 @@ from .models import Target
 ROLE_FILTERS = ("all", "assistant")
 
 
+def check_roles(roles: str) -> str:
+    """Which tokens count for statistics: ``all`` or ``assistant``."""
+    if roles not in ROLE_FILTERS:
+        raise ValueError(f"roles={roles!r} is not one of {ROLE_FILTERS}")
+    return roles
+
+
 @dataclass
 class CaptureBatch:
     """One padded batch (right padding) with the residual stream of the requested layers."""
@@ -42,8 +49,7 @@ class CaptureBatch:
 
     def stat_mask(self, roles: str = "all") -> Any:
         """Positions that count for statistics: not padding, not position 0, and of the chosen roles."""
-        if roles not in ROLE_FILTERS:
-            raise ValueError(f"roles={roles!r} is not one of {ROLE_FILTERS}")
+        check_roles(roles)
         mask = self.attention_mask & (self.positions > 0)
         if roles == "assistant":
             mask = mask & (self.roles == ROLE_ASSISTANT)
@@ -311,8 +317,7 @@ def run_capture(
     from .models import load_target
 
     t0 = time.perf_counter()
-    if roles not in ROLE_FILTERS:
-        raise ValueError(f"roles={roles!r} is not one of {ROLE_FILTERS}")
+    check_roles(roles)
     if out_dir is not None and Path(out_dir).exists() and not overwrite:
         raise FileExistsError(f"{out_dir} already exists; remove it or pass --overwrite")
     target = model if isinstance(model, Target) else load_target(model, device=device)

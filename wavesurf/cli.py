@@ -117,14 +117,14 @@ def _default_split(args: argparse.Namespace) -> str | None:
 
 def _run_analysis(args: argparse.Namespace, k: int | None = None):
     from .models import load_target
-    from .select import SelectionError
+    from .select import check_k
     from .stats.analysis import analyze
 
     settings = _analysis_settings(args)
     settings.check()  # bad options fail before the model loads
     target = load_target(args.model, device=args.device)
-    if k is not None and not 1 <= k <= target.n_layers + 1:  # and before the (slow) analysis
-        raise SelectionError(f"k={k} is out of range: allowed are 1..{target.n_layers + 1} (N+1 layer ids for this model)")
+    if k is not None:  # and before the (slow) analysis
+        check_k(k, target.n_layers)
     return target, analyze(target, settings, use_cache=not args.no_cache, progress=not args.quiet)
 
 
@@ -148,10 +148,9 @@ def cmd_analyze(args: argparse.Namespace) -> int:
 
 
 def cmd_select(args: argparse.Namespace) -> int:
-    from .select import METHODS, select_layers
+    from .select import check_method, select_layers
 
-    if args.method not in METHODS:  # before the (slow) analysis
-        raise ValueError(f"unknown method {args.method!r}; available: {', '.join(METHODS)}")
+    check_method(args.method)  # before the (slow) analysis
     target, stats = _run_analysis(args, k=args.k)
     candidates = range(0, target.n_layers + 1) if args.allow_embedding else None
     options = {}

@@ -158,7 +158,6 @@ def load_target(
     Nothing is downloaded unless ``allow_download=True``. Float32 on CPU; ``dtype="bfloat16"`` is
     allowed on GPU.
     """
-    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     t0 = time.perf_counter()

@@ -65,6 +65,19 @@ class Selection:
 
 
 # ---------------------------------------------------------------------------------------------
+def check_k(k: Any, n_layers: int) -> int:
+    """k layers out of the N+1 layer ids 0..N."""
+    if not isinstance(k, int | np.integer) or isinstance(k, bool) or not 1 <= k <= n_layers + 1:
+        raise SelectionError(f"k={k!r} is out of range: allowed are 1..{n_layers + 1} (N+1 layer ids for this model)")
+    return int(k)
+
+
+def check_method(method: str) -> str:
+    if method not in METHODS:
+        raise SelectionError(f"unknown method {method!r}; available: {', '.join(METHODS)}")
+    return method
+
+
 def _pair_mean(cka: np.ndarray, subsets: np.ndarray) -> np.ndarray:
     """Mean off-diagonal CKA within each subset row (0 for singletons)."""
     k = subsets.shape[1]
@@ -112,8 +125,7 @@ class _Context:
         self.stats = stats
         self.n_layers = int(stats.n_layers)
         L = self.n_layers + 1
-        if not isinstance(k, int | np.integer) or isinstance(k, bool) or not 1 <= k <= L:
-            raise SelectionError(f"k={k!r} is out of range: allowed are 1..{L} (N+1 layer ids for this model)")
+        k = check_k(k, self.n_layers)
         cand = list(range(1, L)) if candidates is None else check_layer_ids(list(candidates), self.n_layers)
         if len(cand) < k:
             raise SelectionError(f"k={k} is more than the {len(cand)} candidate layers {cand}")
@@ -238,6 +250,4 @@ METHODS: dict[str, Callable[..., Selection]] = {
 def select_layers(stats: Any, k: int = 3, method: str = "combined", candidates: Iterable[int] | None = None,
                   **options: Any) -> Selection:
     """Pick ``k`` layer ids (vLLM convention) with ``method`` (one of :data:`METHODS`)."""
-    if method not in METHODS:
-        raise SelectionError(f"unknown method {method!r}; available: {', '.join(METHODS)}")
-    return METHODS[method](_Context(stats, k, candidates), **options)
+    return METHODS[check_method(method)](_Context(stats, k, candidates), **options)

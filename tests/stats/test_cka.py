@@ -11,7 +11,6 @@ from tests.stats.synthetic import hard_layers as _hard_layers
 from wavesurf.errors import StatsError
 from wavesurf.stats import (
     DEFAULT_MEMORY_BUDGET,
-    LayerMoments,
     MinibatchCKA,
     TokenShuffler,
     choose_cka_estimator,

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import csv
 import json
-import math
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -25,14 +24,15 @@ from typing import Any
 
 import numpy as np
 
-from ..cache import atomic_directory, cache_root, params_key, read_manifest, verify_directory, write_manifest
+from ..capture import check_roles
+from ..cache import atomic_directory, cache_root, params_key, verify_directory, write_manifest
 from ..errors import WavesurfError
 from .cka import DEFAULT_MEMORY_BUDGET, MinibatchCKA, TokenShuffler, choose_cka_estimator, cka_to_last, linear_cka_from_moments, neighbour_cka
 from .compartments import compartment_stability, compartments
 from .entropy import aggregate_entropy as _aggregate_entropy
-from .entropy import effective_rank, purity, redundancy as _redundancy, renyi_entropy
+from .entropy import effective_rank, max_entropy, purity, redundancy as _redundancy, renyi_entropy
 from .filtering import FilterError, FilterState, TokenFilter
-from .moments import LayerMoments, gather_layer_rows
+from .moments import LayerMoments, gather_layer_rows, l2_normalize_rows_
 
 ESTIMATORS = ("auto", "exact", "minibatch")
 RESULT_FORMAT = 1
@@ -62,8 +62,7 @@ class AnalysisSettings:
     def check(self) -> None:
         if self.estimator not in ESTIMATORS:
             raise WavesurfError(f"estimator={self.estimator!r} is not one of {', '.join(ESTIMATORS)}")
-        if self.roles not in ("all", "assistant"):
-            raise WavesurfError(f"roles={self.roles!r} is not one of all, assistant")
+        check_roles(self.roles)
         if self.minibatch_size < 4:
             raise WavesurfError(f"minibatch_size={self.minibatch_size} must be >= 4 (unbiased HSIC needs n >= 4)")
         if self.memory_budget_gb <= 0:
@@ -214,13 +213,13 @@ def _finalize(name: str, layer_ids: list[int], moments: LayerMoments, cka: np.nd
 
     n = moments.n
     ent, ent2, norm, pur, tr = [], [], [], [], []
-    log_rank_bound = math.log(max(2, min(n - 1, dim)))  # centred n x d data has rank <= min(n-1, d)
+    top = max_entropy(n, dim)
     for lid in layer_ids:
         cov = moments.covariance(lid)
         eigs = torch.linalg.eigvalsh(cov).cpu().numpy()  # one decomposition serves both alphas
         ent.append(renyi_entropy(eigs, 1.0))
         ent2.append(renyi_entropy(eigs, 2.0))
-        norm.append(ent[-1] / log_rank_bound)
+        norm.append(ent[-1] / top if top > 0 else 0.0)
         pur.append(purity(cov))
         tr.append(float(cov.trace()))
     blocks = [(layer_ids[s], layer_ids[e]) for s, e in compartments(cka)]
@@ -250,7 +249,7 @@ class _Accumulator:
         if self.mb is not None:
             rows = gather_layer_rows(hidden, self.layer_ids, mask)
             if self.l2:
-                rows = [r / r.norm(dim=1, keepdim=True).clamp_min(1e-30) for r in rows]
+                rows = [l2_normalize_rows_(r) for r in rows]  # r is a fresh copy (masked rows)
             for minibatch in self.shuffler.add({lid: r for lid, r in zip(self.layer_ids, rows)}):
                 self.mb.update(minibatch)
 

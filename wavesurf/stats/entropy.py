@@ -82,6 +82,13 @@ def renyi_entropy(eigenvalues: Any, alpha: float = 1.0) -> float:
     return float(log_sum / (1.0 - a))
 
 
+def max_entropy(n_tokens: int | None, dim: int) -> float:
+    """Largest possible matrix entropy (nats): ``log r`` with the rank bound ``r = min(n - 1, d)``
+    (centred n x d data), or ``log d`` without ``n``; 0 when r <= 1."""
+    r = dim if n_tokens is None else min(int(n_tokens) - 1, dim)
+    return math.log(r) if r > 1 else 0.0
+
+
 def matrix_entropy(cov: Any, alpha: float = 1.0, normalize: bool = False, n_tokens: int | None = None) -> float:
     """Rényi entropy (nats) of ``cov / tr(cov)`` from a float64 ``eigvalsh``.
 
@@ -94,11 +101,8 @@ def matrix_entropy(cov: Any, alpha: float = 1.0, normalize: bool = False, n_toke
     S = renyi_entropy(_eigvalsh(C), alpha)
     if not normalize:
         return S
-    d = C.shape[0]
-    r = d if n_tokens is None else min(int(n_tokens) - 1, d)
-    if r <= 1:
-        return 0.0
-    return S / math.log(r)
+    top = max_entropy(n_tokens, C.shape[0])
+    return S / top if top > 0 else 0.0
 
 
 def effective_rank(entropy: float | np.ndarray) -> float | np.ndarray:

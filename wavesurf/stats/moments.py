@@ -94,6 +94,12 @@ def gather_layer_rows(
     return out
 
 
+def l2_normalize_rows_(x: Tensor) -> Tensor:
+    """Scale every row of ``x`` to unit L2 norm, in place (all-zero rows stay zero)."""
+    norms = torch.linalg.vector_norm(x, dim=1, keepdim=True)
+    return x.div_(norms.clamp_min(torch.finfo(x.dtype).tiny))
+
+
 def _config_differences(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
     """Human-readable list of differing configuration keys (meta keys listed one by one)."""
     diffs: list[str] = []
@@ -231,8 +237,7 @@ class LayerMoments:
                 blk = X[:, self._slice(k)]
                 blk.copy_(r[start:stop])
                 if self.l2_normalize:
-                    norms = torch.linalg.vector_norm(blk, dim=1, keepdim=True)
-                    blk.div_(norms.clamp_min(torch.finfo(torch.float64).tiny))
+                    l2_normalize_rows_(blk)
             if self._shift is None:
                 self._shift = X.mean(dim=0)
             X.sub_(self._shift)
