@@ -1,0 +1,355 @@
+"""The EAGLE-3 draft head: fuse k residual streams of the target, read the next token's embedding,
+run one Llama-style decoder layer and predict over a reduced draft vocabulary.
+
+Graph (see ``../shared/reference/eagle3.md`` section 1)::
+
+    f      = fc(concat(h_1..h_k))                       # [B, T, k*H_t] -> [B, T, H]
+    a_in   = concat(input_layernorm(e), hidden_norm(f)) # embedding first, 2H wide
+    h1     = f + o_proj(attn(q/k/v_proj(a_in)))         # residual around attention is un-normalised f
+    h2     = h1 + mlp(post_attention_layernorm(h1))
+    logits = lm_head(norm(h2))                          # draft vocabulary
+    h2 is fed back (pre-norm) as the next draft step's feature, skipping ``fc``.
+
+The embedding is the target's own (frozen, not a parameter of the head, not saved). Attention is
+computed from explicit key/value tensors and a boolean mask, so the same code serves
+training-time test (keys of earlier unrolled steps), chain drafting and tree drafting (a tree mask
+over cached keys).
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from ..errors import LayerIdError, WavesurfError
+
+
+class DrafterError(WavesurfError):
+    """A drafter that does not fit its target, or bad drafter settings."""
+
+
+@dataclass
+class DraftConfig:
+    """Everything needed to rebuild a head and to check it belongs to a target.
+
+    ``layer_ids`` are vLLM ids (0 = embedding output, i = output of block i before the final norm),
+    in the order their streams are concatenated (ascending).
+    """
+
+    target_name: str
+    target_n_layers: int
+    target_hidden_size: int
+    target_vocab_size: int
+    layer_ids: list[int]
+    hidden_size: int
+    intermediate_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    draft_vocab_size: int
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    max_position_embeddings: int = 8192
+    extra: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> DraftConfig:
+        known = {f for f in cls.__dataclass_fields__}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+    @classmethod
+    def for_target(cls, target: Any, layer_ids: list[int], draft_vocab_size: int) -> DraftConfig:
+        """Size the head like one block of the target (the EAGLE-3 choice)."""
+        layer_ids = check_draft_layer_ids(layer_ids, target.n_layers)
+        if not 1 <= draft_vocab_size <= target.vocab_size:
+            raise DrafterError(
+                f"draft_vocab_size={draft_vocab_size} must be between 1 and the target's vocabulary "
+                f"size {target.vocab_size}"
+            )
+        cfg = target.model.config
+        cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+        heads = int(cfg.num_attention_heads)
+        head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // heads)
+        return cls(
+            target_name=target.name,
+            target_n_layers=target.n_layers,
+            target_hidden_size=target.hidden_size,
+            target_vocab_size=target.vocab_size,
+            layer_ids=layer_ids,
+            hidden_size=target.hidden_size,
+            intermediate_size=int(cfg.intermediate_size),
+            num_attention_heads=heads,
+            num_key_value_heads=int(getattr(cfg, "num_key_value_heads", None) or heads),
+            head_dim=head_dim,
+            draft_vocab_size=int(draft_vocab_size),
+            rms_norm_eps=float(getattr(cfg, "rms_norm_eps", 1e-6)),
+            rope_theta=float(_rope_theta(cfg)),
+            max_position_embeddings=int(getattr(cfg, "max_position_embeddings", 8192)),
+        )
+
+    def check_target(self, target: Any) -> None:
+        """Refuse a head trained for another target (name and shapes must match)."""
+        mine = (self.target_name, self.target_n_layers, self.target_hidden_size, self.target_vocab_size)
+        theirs = (target.name, target.n_layers, target.hidden_size, target.vocab_size)
+        if mine != theirs:
+            raise DrafterError(
+                f"this drafter was trained for target {self.target_name!r} (N={self.target_n_layers}, "
+                f"d={self.target_hidden_size}, V={self.target_vocab_size}) but the target is {target.name!r} "
+                f"(N={target.n_layers}, d={target.hidden_size}, V={target.vocab_size}); train a drafter "
+                "for this target"
+            )
+
+
+def _rope_theta(cfg: Any) -> float:
+    params = getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {}
+    if isinstance(params, dict):
+        if "rope_theta" in params:
+            return params["rope_theta"]
+        for sub in params.values():  # gemma-3: {"full_attention": {...}, "sliding_attention": {...}}
+            if isinstance(sub, dict) and "rope_theta" in sub:
+                return sub["rope_theta"]
+    return getattr(cfg, "rope_theta", 10000.0)
+
+
+def check_draft_layer_ids(layer_ids: Any, n_layers: int) -> list[int]:
+    """Layer ids a drafter reads: at least one, each in 0..N, no duplicates; returned ascending."""
+    try:
+        ids = [int(i) for i in layer_ids]
+    except (TypeError, ValueError):
+        raise LayerIdError(f"layer_ids must be a list of integers, got {layer_ids!r}") from None
+    if not ids:
+        raise LayerIdError("a drafter needs at least one layer id")
+    if len(ids) > n_layers + 1:
+        raise LayerIdError(f"k={len(ids)} layer ids is more than the N+1={n_layers + 1} ids the target has")
+    bad = [i for i in ids if not 0 <= i <= n_layers]
+    if bad:
+        raise LayerIdError(f"layer ids {bad} are out of range; allowed 0..{n_layers} (vLLM convention)")
+    if len(set(ids)) != len(ids):
+        dup = sorted({i for i in ids if ids.count(i) > 1})
+        raise LayerIdError(f"layer ids {dup} are repeated in {ids}; each layer may be read once")
+    return sorted(ids)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+def rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
+    """Rotary embedding (rotate-half form) of ``x`` [B, h, T, hd] at ``positions`` [B, T]."""
+    hd = x.shape[-1]
+    inv = 1.0 / (theta ** (torch.arange(0, hd, 2, device=x.device, dtype=torch.float32) / hd))
+    ang = positions.to(torch.float32)[:, None, :, None] * inv  # [B, 1, T, hd/2]
+    cos, sin = torch.cat([ang.cos(), ang.cos()], -1).to(x.dtype), torch.cat([ang.sin(), ang.sin()], -1).to(x.dtype)
+    x1, x2 = x[..., : hd // 2], x[..., hd // 2 :]
+    return x * cos + torch.cat([-x2, x1], -1) * sin
+
+
+class Attention(nn.Module):
+    def __init__(self, c: DraftConfig):
+        super().__init__()
+        self.c = c
+        self.q_proj = nn.Linear(2 * c.hidden_size, c.num_attention_heads * c.head_dim, bias=False)
+        self.k_proj = nn.Linear(2 * c.hidden_size, c.num_key_value_heads * c.head_dim, bias=False)
+        self.v_proj = nn.Linear(2 * c.hidden_size, c.num_key_value_heads * c.head_dim, bias=False)
+        self.o_proj = nn.Linear(c.num_attention_heads * c.head_dim, c.hidden_size, bias=False)
+
+    def project(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q [B, h, T, hd], k and v [B, h_kv, T, hd], rotary applied to q and k."""
+        b, t, _ = x.shape
+        c = self.c
+        q = self.q_proj(x).view(b, t, c.num_attention_heads, c.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(b, t, c.num_key_value_heads, c.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(b, t, c.num_key_value_heads, c.head_dim).transpose(1, 2)
+        return rope(q, positions, c.rope_theta), rope(k, positions, c.rope_theta), v
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Attention of q [B, h, T, hd] over k/v [B, h_kv, S, hd]; ``mask`` bool [B or 1, 1, T, S],
+        True where a query may see a key. Returns [B, T, H]."""
+        c = self.c
+        rep = c.num_attention_heads // c.num_key_value_heads
+        if rep > 1:
+            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        b, _, t, _ = q.shape
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, c.num_attention_heads * c.head_dim))
+
+
+class MLP(nn.Module):
+    def __init__(self, c: DraftConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, c: DraftConfig):
+        super().__init__()
+        self.hidden_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.self_attn = Attention(c)
+        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.mlp = MLP(c)
+
+
+@dataclass
+class DraftStep:
+    """Output of one draft step over T new positions."""
+
+    hidden: torch.Tensor  # [B, T, H], pre-norm: the feature of the next draft step
+    logits: torch.Tensor  # [B, T, V_d], draft vocabulary
+    k: torch.Tensor  # [B, h_kv, T, hd], this step's keys (rotary applied): append to a cache
+    v: torch.Tensor  # [B, h_kv, T, hd]
+
+
+class DraftHead(nn.Module):
+    """Trainable parts of an EAGLE-3 head; the token embedding is passed in (the target's, frozen).
+
+    Parameter names match the EAGLE/SpecForge checkpoint (``fc``, ``midlayer.*``, ``norm``,
+    ``lm_head``; buffers ``d2t``, ``t2d``), so export is a rename-free copy.
+    """
+
+    def __init__(self, config: DraftConfig):
+        super().__init__()
+        c = self.config = config
+        k = len(c.layer_ids)
+        self.fc = nn.Linear(k * c.target_hidden_size, c.hidden_size, bias=False)
+        self.midlayer = DecoderLayer(c)
+        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.lm_head = nn.Linear(c.hidden_size, c.draft_vocab_size, bias=False)
+        # identity maps until a vocabulary is set: draft id i = target id i
+        self.register_buffer("d2t", torch.zeros(c.draft_vocab_size, dtype=torch.long))
+        self.register_buffer("t2d", torch.zeros(c.target_vocab_size, dtype=torch.bool))
+        self.t2d[: c.draft_vocab_size] = True
+
+    # ---- vocabulary ----------------------------------------------------------------------
+    def set_vocab(self, draft_to_target: torch.Tensor) -> None:
+        """Install the draft vocabulary: ``draft_to_target[i]`` is the target id of draft id i
+        (ascending, unique). Stored as EAGLE's offsets ``d2t`` and mask ``t2d``."""
+        ids = torch.as_tensor(draft_to_target, dtype=torch.long)
+        if ids.shape != (self.config.draft_vocab_size,):
+            raise DrafterError(f"draft vocabulary has {ids.numel()} ids, the head expects {self.config.draft_vocab_size}")
+        self.d2t.copy_(ids - torch.arange(ids.numel()))
+        self.t2d.zero_()
+        self.t2d[ids] = True
+
+    @property
+    def draft_to_target(self) -> torch.Tensor:
+        """Target id of each draft id: ``arange + d2t``."""
+        return torch.arange(self.config.draft_vocab_size, device=self.d2t.device) + self.d2t
+
+    # ---- forward -------------------------------------------------------------------------
+    def fuse(self, features: torch.Tensor) -> torch.Tensor:
+        """Concatenated target streams [B, T, k*H_t] (ascending layer ids) -> fused feature [B, T, H]."""
+        return self.fc(features)
+
+    def step(
+        self,
+        hidden: torch.Tensor,
+        embeds: torch.Tensor,
+        positions: torch.Tensor,
+        mask: torch.Tensor,
+        past_k: torch.Tensor | None = None,
+        past_v: torch.Tensor | None = None,
+    ) -> DraftStep:
+        """One draft step for T new positions.
+
+        ``hidden`` [B, T, H]: fused target feature (``fuse``) or the previous step's pre-norm output;
+        ``embeds`` [B, T, H]: target embedding of the token that follows each position;
+        ``positions`` [B, T]: rotary positions; ``mask`` bool [B or 1, 1, T, S + T]: which of the
+        ``S`` cached keys (``past_k``/``past_v`` [B, h_kv, S, hd]) and the T new keys each query sees.
+        """
+        layer = self.midlayer
+        x = torch.cat([layer.input_layernorm(embeds), layer.hidden_norm(hidden)], dim=-1)
+        q, k, v = layer.self_attn.project(x, positions)
+        keys = k if past_k is None else torch.cat([past_k, k], dim=2)
+        values = v if past_v is None else torch.cat([past_v, v], dim=2)
+        h1 = hidden + layer.self_attn.attend(q, keys, values, mask)
+        h2 = h1 + layer.mlp(layer.post_attention_layernorm(h1))
+        return DraftStep(h2, self.lm_head(self.norm(h2)), k, v)
+
+    def n_trainable(self) -> int:
+        return sum(p.numel() for p in self.parameters() if p.requires_grad)
+
+
+def causal_mask(t: int, device: Any = None) -> torch.Tensor:
+    """bool [1, 1, t, t], True on and below the diagonal."""
+    return torch.ones(t, t, dtype=torch.bool, device=device).tril()[None, None]
+
+
+def init_head(head: DraftHead, seed: int = 0, std: float = 0.02) -> DraftHead:
+    """Deterministic initialisation (normal(0, std) linears, unit norms) from ``seed``."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in head.named_parameters():
+            if name.endswith("norm.weight") or "layernorm" in name:
+                p.fill_(1.0)
+            else:
+                p.copy_(torch.randn(p.shape, generator=gen) * std)
+    return head
+
+
+__all__ = [
+    "DraftConfig", "DraftHead", "DraftStep", "DrafterError", "check_draft_layer_ids", "causal_mask",
+    "init_head", "rope", "save_head", "load_head",
+]
+
+
+# ---- saving and loading ------------------------------------------------------------------------
+HEAD_CONFIG = "wavesurf-drafter.json"
+HEAD_WEIGHTS = "drafter.safetensors"
+
+
+def save_head(head: DraftHead, directory: Any, info: dict | None = None) -> None:
+    """Write ``wavesurf-drafter.json`` (config + ``info``, e.g. training facts) and
+    ``drafter.safetensors`` (trainable weights, ``d2t``, ``t2d``) into ``directory``."""
+    import json
+    from pathlib import Path
+
+    from safetensors.torch import save_file
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    tensors = {k: v.detach().to("cpu").contiguous() for k, v in head.state_dict().items()}
+    save_file(tensors, str(directory / HEAD_WEIGHTS))
+    payload = {"format": "wavesurf-drafter", "version": 1, "config": head.config.to_dict(), "info": info or {}}
+    (directory / HEAD_CONFIG).write_text(json.dumps(payload, indent=2))
+
+
+def load_head(directory: Any, target: Any | None = None, device: str = "cpu") -> tuple[DraftHead, dict]:
+    """Load a head saved by :func:`save_head`; with ``target``, refuse a head trained for another
+    target. Returns the head (eval mode) and its ``info``."""
+    import json
+    from pathlib import Path
+
+    from safetensors.torch import load_file
+
+    directory = Path(directory)
+    cfg_path = directory / HEAD_CONFIG
+    if not cfg_path.is_file():
+        raise DrafterError(f"{directory} is not a wavesurf drafter: {HEAD_CONFIG} is missing")
+    payload = json.loads(cfg_path.read_text())
+    config = DraftConfig.from_dict(payload["config"])
+    if target is not None:
+        config.check_target(target)
+    head = DraftHead(config)
+    head.load_state_dict(load_file(str(directory / HEAD_WEIGHTS)))
+    return head.to(device).eval(), payload.get("info", {})
