@@ -166,6 +166,26 @@ def cmd_select(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    from .drafter.export import export_drafter
+    from .drafter.head import load_head
+
+    head, info = load_head(args.drafter)
+    target = None
+    if args.with_embedding:
+        from .models import load_target
+
+        target = load_target(head.config.target_name, device="cpu")
+    out = export_drafter(head, args.format, args.out, include_embedding=target, verifier=args.verifier,
+                         speculative_tokens=args.speculative_tokens, overwrite=args.overwrite)
+    c = head.config
+    _print_json({"out": str(out), "format": args.format, "target": c.target_name,
+                 "layer_ids": c.layer_ids, "convention_written": "vllm" if args.format == "speculators" else "sglang",
+                 "ids_written": c.layer_ids if args.format == "speculators" else [i - 1 for i in c.layer_ids],
+                 "draft_vocab_size": c.draft_vocab_size})
+    return 0
+
+
 def _add_analysis_options(p: argparse.ArgumentParser) -> None:
     from .stats.filtering import FILTER_HELP
 
@@ -258,6 +278,21 @@ def build_parser() -> argparse.ArgumentParser:
                         "or vLLM/speculators ids")
     _add_analysis_options(p)
     p.set_defaults(func=cmd_select)
+
+    p = sub.add_parser("export", help="write a trained drafter for vLLM or SGLang",
+                       description="Export a drafter directory (written by `wavesurf train`) as an EAGLE-3 checkpoint: "
+                                   "'eagle3' (SpecForge/SGLang config, ids as 'output of block k') or 'speculators' "
+                                   "(vLLM native, vLLM ids, norm_before_residual written explicitly).")
+    p.add_argument("--drafter", required=True, help="drafter directory (wavesurf-drafter.json + drafter.safetensors)")
+    p.add_argument("--format", required=True, help="eagle3 or speculators")
+    p.add_argument("--out", required=True, help="output directory (must not exist unless --overwrite)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing output directory")
+    p.add_argument("--with-embedding", action="store_true",
+                   help="also store the target's input embedding as embed_tokens.weight (servers use the target's anyway)")
+    p.add_argument("--verifier", default=None, help="speculators: the target's HF id or path (default: the target name)")
+    p.add_argument("--speculative-tokens", type=_positive_int, default=3,
+                   help="speculators: default number of speculative tokens (default 3)")
+    p.set_defaults(func=cmd_export)
     return parser
 
 
