@@ -1,0 +1,213 @@
+"""Speculative decoding on the real targets: token-identical to HF greedy ``generate`` for chain
+and tree drafting, tau counted right, bad settings refused, the sampling rule exact in law.
+
+Two drafters: an untrained head (what losslessness must survive) and an *oracle* head, a real
+DraftHead whose step() runs normally (its keys/values fill the draft cache) but whose logits rank
+the reference continuation first (or second at chosen positions). The oracle makes long accepted
+paths, non-first siblings and non-contiguous cache rows happen, which an untrained head never does.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from wavesurf.bench import BenchPrompt, bench_prompts, prompt_ids
+from wavesurf.drafter.decode import (
+    DecodeError, SpeculativeDecoder, TreeSpec, _Tree, greedy_generate, hf_generate, make_tree, speculative_generate,
+)
+from wavesurf.drafter.head import DraftConfig, DraftHead, DrafterError, DraftStep, init_head
+
+NEW = 32
+
+
+def untrained(target, vocab=None):
+    n = target.n_layers
+    head = init_head(DraftHead(DraftConfig.for_target(target, [2, n // 2, n - 3], 8192)))
+    head.set_vocab(torch.arange(8192) if vocab is None else vocab)
+    return head.eval()
+
+
+class OracleHead(DraftHead):
+    """At rotary position p the draft predicts token p+2 of ``ref`` (prompt + reference output):
+    ranked first, or second behind a wrong token when ``p % miss_every == miss_every - 1``."""
+
+    def __init__(self, target, ref: list[int], miss_every: int = 0):
+        n = target.n_layers
+        extra = [i for i in range(20000) if i not in set(ref)]
+        vocab = sorted(set(ref) | set(extra[: 8192 - len(set(ref))]))
+        super().__init__(DraftConfig.for_target(target, [2, n // 2, n - 3], 8192))
+        init_head(self)
+        self.set_vocab(torch.tensor(vocab))
+        self.index = {t: i for i, t in enumerate(vocab)}
+        self.ref, self.miss_every = ref, miss_every
+        self.eval()
+
+    def step(self, hidden, embeds, positions, mask, past_k=None, past_v=None):
+        st = super().step(hidden, embeds, positions, mask, past_k, past_v)
+        logits = torch.full_like(st.logits, -30.0)
+        for i, p in enumerate(positions[0].tolist()):
+            logits[0, i, 100:104] = torch.tensor([1.0, 0.5, 0.0, -0.5])  # wrong candidates for the tree
+            if p + 2 < len(self.ref):
+                good = self.index[self.ref[p + 2]]
+                miss = self.miss_every and p % self.miss_every == self.miss_every - 1
+                if miss:
+                    logits[0, i, 100] = 6.0
+                logits[0, i, good] = 5.0 if miss else 6.0
+        return DraftStep(st.hidden, logits, st.k, st.v)
+
+
+@pytest.fixture(scope="module")
+def prompts(smollm):
+    mt = bench_prompts("mt-bench", 2, smollm)
+    he = bench_prompts("humaneval", 1, smollm)
+    return [mt[0], he[0], mt[1]]
+
+
+def _ids(target, p: BenchPrompt):
+    return prompt_ids(target, p, [])
+
+
+@pytest.mark.parametrize("mode", ["chain", "tree"])
+def test_untrained_head_is_lossless_smollm(smollm, prompts, mode):
+    head = untrained(smollm)
+    dec = SpeculativeDecoder(smollm, head, make_tree(mode, draft_len=4, depth=4, top_k=3, total_tokens=10))
+    for p in prompts[:1] if mode == "chain" else prompts[1:2]:  # an MT-bench and a HumanEval prompt
+        ids = _ids(smollm, p)
+        ref = hf_generate(smollm, ids, NEW).tokens
+        got = dec.generate(ids, NEW)
+        assert got.tokens == ref, (p.id, mode)
+        assert got.n_target_forwards == 1 + len(got.cycle_tokens)
+        assert sum(got.cycle_tokens) == len(got.tokens) - 1
+
+
+def test_plain_loop_matches_hf(smollm, prompts):
+    ids = _ids(smollm, prompts[2])
+    ref = hf_generate(smollm, ids, NEW)
+    got = greedy_generate(smollm, ids, NEW)
+    assert got.tokens == ref.tokens
+    assert got.n_target_forwards == len(got.tokens) == ref.n_target_forwards
+    assert got.tau == 1.0
+
+
+@pytest.mark.parametrize("mode,miss", [("chain", 0), ("chain", 4), ("tree", 4)])
+def test_oracle_head_accepts_and_stays_lossless(smollm, prompts, mode, miss):
+    ids = _ids(smollm, prompts[0])
+    ref = hf_generate(smollm, ids, NEW).tokens
+    head = OracleHead(smollm, list(map(int, ids)) + ref, miss_every=miss)
+    got = speculative_generate(smollm, head, ids, NEW, mode=mode, draft_len=4, depth=4, top_k=2, total_tokens=8)
+    assert got.tokens == ref
+    assert got.n_target_forwards == 1 + len(got.cycle_tokens)
+    if miss == 0:  # every draft right: 4 accepted + bonus per cycle (the last cycle may be cut)
+        assert all(c == 5 for c in got.cycle_tokens[:-1]) and got.tau > 4
+    elif mode == "chain":  # a miss every 4th position stops the chain early
+        assert 1.5 < got.tau < 5
+    else:  # the tree holds the right token as the second sibling: almost every draft is accepted
+        assert got.tau > 4
+
+
+def test_tree_beats_chain_when_the_first_guess_misses(smollm, prompts):
+    ids = _ids(smollm, prompts[1])
+    ref = hf_generate(smollm, ids, 24).tokens
+    head = OracleHead(smollm, list(map(int, ids)) + ref, miss_every=3)
+    chain = speculative_generate(smollm, head, ids, 24, mode="chain", draft_len=4)
+    tree = speculative_generate(smollm, head, ids, 24, mode="tree", depth=4, top_k=2, total_tokens=8)
+    assert chain.tokens == tree.tokens == ref
+    assert tree.tau > chain.tau
+
+
+def test_tau_is_one_when_every_draft_is_rejected(smollm, prompts):
+    ids = _ids(smollm, prompts[0])
+    ref = hf_generate(smollm, ids, 24).tokens
+    # a draft vocabulary of ids the target never emits here: every draft token is wrong
+    used = set(ref) | set(map(int, ids))
+    vocab = torch.tensor([i for i in range(smollm.vocab_size - 1, -1, -1) if i not in used][:8192]).sort().values
+    got = speculative_generate(smollm, untrained(smollm, vocab), ids, 24, mode="tree", depth=3, top_k=2, total_tokens=5)
+    assert got.tokens == ref
+    assert all(a == 0 for a in got.accepted)
+    assert got.tau == 1.0 and got.n_target_forwards == len(got.tokens)
+
+
+@pytest.mark.parametrize("mode", ["chain", "tree"])
+def test_gemma_lossless_untrained_and_oracle(gemma, mode):
+    p = bench_prompts("mt-bench", 1, gemma)[0]
+    ids = _ids(gemma, p)
+    ref = hf_generate(gemma, ids, 24).tokens
+    got = speculative_generate(gemma, untrained(gemma), ids, 24, mode=mode, draft_len=3, depth=3, top_k=2, total_tokens=5)
+    assert got.tokens == ref
+    head = OracleHead(gemma, list(map(int, ids)) + ref, miss_every=3)
+    got = speculative_generate(gemma, head, ids, 24, mode=mode, draft_len=3, depth=3, top_k=2, total_tokens=5)
+    assert got.tokens == ref and got.tau > 1.5
+
+
+def test_gemma_sliding_window_beyond_512_tokens(gemma):
+    """Context longer than Gemma-3's 512-token window: the sliding layers need their own mask."""
+    text = " ".join(f"item {i} is {i * 7 % 13}." for i in range(75))
+    ids = gemma.tokenizer(text)["input_ids"]
+    assert len(ids) > 512
+    ref = hf_generate(gemma, ids, 12).tokens
+    head = OracleHead(gemma, list(ids) + ref, miss_every=3)
+    got = speculative_generate(gemma, head, ids, 12, mode="tree", depth=3, top_k=2, total_tokens=5)
+    assert got.tokens == ref and got.tau > 1.5
+
+
+def test_eos_stops_generation(smollm):
+    ids = prompt_ids(smollm, BenchPrompt("x", ["Reply with the single word: yes"]), [])
+    ref = hf_generate(smollm, ids, 64)
+    assert ref.tokens[-1] == 2 and len(ref.tokens) < 64  # the chat model ends its short answer
+    head = OracleHead(smollm, list(map(int, ids)) + ref.tokens)
+    got = speculative_generate(smollm, head, ids, 64, mode="chain", draft_len=4)
+    assert got.tokens == ref.tokens and got.stopped == "eos"
+
+
+def test_bad_settings_are_refused(smollm, gemma):
+    with pytest.raises(DecodeError, match="total_tokens=3 is smaller than depth=5"):
+        TreeSpec(5, 2, 3)
+    with pytest.raises(DecodeError, match="top_k=0"):
+        make_tree("tree", depth=3, top_k=0, total_tokens=4)
+    with pytest.raises(DecodeError, match="total_tokens=50 is more than the 10 candidates"):
+        TreeSpec(3, 2, 50)
+    with pytest.raises(DecodeError, match="mode='beam'"):
+        make_tree("beam")
+    with pytest.raises(DecodeError, match="draft_len=0"):
+        make_tree("chain", draft_len=0)
+    with pytest.raises(DrafterError, match="trained for target 'smollm2-135m'"):
+        SpeculativeDecoder(gemma, untrained(smollm))
+    dec = SpeculativeDecoder(smollm, untrained(smollm))
+    with pytest.raises(DecodeError, match="max_new_tokens=0"):
+        dec.generate([1, 2, 3], 0)
+    with pytest.raises(DecodeError, match="temperature=-1"):
+        dec.generate([1, 2, 3], 4, temperature=-1)
+    with pytest.raises(DecodeError, match="non-empty"):
+        dec.generate([], 4)
+
+
+def test_sampling_rule_preserves_the_target_distribution():
+    """EAGLE's multi-candidate rule on fixed logits: the law of the first two emitted tokens equals
+    the target's (chi-square, 20k draws), whatever the drafts are."""
+    torch.manual_seed(0)
+    v, temp = 5, 0.7
+    logits = torch.randn(4, v) * 1.5  # rows: root, child a, child b, grandchild under a
+    logits[0] = torch.tensor([0.0, 1.0, -1.0, 0.8, -0.5])  # both drafted first tokens are likely
+    tree = _Tree(tokens=[1, 3, 2], parent=[-1, -1, 0], level=[1, 1, 2], score=[-0.1, -0.5, -0.3])
+    dec = SpeculativeDecoder.__new__(SpeculativeDecoder)
+    gen = torch.Generator().manual_seed(1)
+    n = 20000
+    counts = torch.zeros(v, v)
+    row_of = {1: 1, 3: 2}  # first token -> row whose logits give the second token when accepted
+    first_only = torch.zeros(v)
+    for _ in range(n):
+        path, bonus = dec._accept(logits, tree, temp, gen)
+        toks = [tree.tokens[r - 1] for r in path[1:]] + [bonus]
+        first_only[toks[0]] += 1
+        if len(toks) >= 2:
+            counts[toks[0], toks[1]] += 1
+    p0 = torch.softmax(logits[0].double() / temp, -1)
+    chi = float(((first_only - n * p0) ** 2 / (n * p0)).sum())
+    assert chi < 20.5  # 99.96% quantile of chi2(4)
+    for a, row in row_of.items():  # conditional law of the second token after an accepted draft
+        got = counts[a]
+        m = float(got.sum())
+        assert m > 2000
+        q = torch.softmax(logits[row].double() / temp, -1)
+        chi = float(((got - m * q) ** 2 / (m * q)).sum())
+        assert chi < 20.5, (a, got, m * q)
