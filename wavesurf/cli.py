@@ -186,6 +186,55 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_train(args: argparse.Namespace) -> int:
+    from accelerate import PartialState
+
+    from .drafter.features import FeatureSettings, build_feature_store
+    from .drafter.train import TrainSettings, train_drafter
+    from .models import load_target
+
+    settings = TrainSettings(
+        ttt_steps=args.ttt_steps, lr=args.lr, warmup_steps=args.warmup_steps, schedule=args.schedule,
+        batch_tokens=args.batch_tokens, max_steps=args.steps, train_tokens=args.train_tokens, seed=args.seed,
+        draft_vocab_size=args.draft_vocab, vocab_tokens=args.vocab_tokens, checkpoint_every=args.checkpoint_every,
+        log_every=args.log_every)
+    settings.check()  # bad options fail before the model loads
+    from .models import pick_device
+
+    device = pick_device(args.device)
+    if device == "cuda" and "LOCAL_RANK" in os.environ:  # one GPU per process under accelerate launch
+        device = f"cuda:{os.environ['LOCAL_RANK']}"
+    target = load_target(args.model, device=device)
+    layers = target.default_layer_ids() if args.layers == "default" else args.layers
+    if layers == "all":
+        raise ValueError("--layers all: a drafter reads a few layers; give ids like 2,15,27 or 'default'")
+    from .drafter.head import check_draft_layer_ids
+
+    layers = check_draft_layer_ids(layers, target.n_layers)
+    features = FeatureSettings(
+        dataset=args.dataset, split="train" if args.dataset == "sharegpt" else None, split_seed=args.split_seed,
+        max_tokens=args.max_train_tokens, max_len=args.max_len, dtype=args.store_dtype,
+        layer_ids=None if args.store_layers == "all" else layers)
+    state = PartialState(cpu=str(target.device) == "cpu")  # the same process group train_drafter's Accelerator joins
+    with state.main_process_first():  # under `accelerate launch` one process builds, the others read
+        store = build_feature_store(target, features, progress=not args.quiet and state.is_main_process)
+    result = train_drafter(target, store, layers, settings, args.out, resume=not args.no_resume,
+                           progress=not args.quiet)
+    if state.is_main_process:
+        _print_json({**result.to_dict(), "model": target.name, "layer_convention": "vllm",
+                     "feature_store": store.describe(), "num_processes": state.num_processes})
+    return 0
+
+
+def cmd_reproduce(args: argparse.Namespace) -> int:
+    from .reproduce import reproduce
+
+    summary = reproduce(args.model, args.profile, args.only, dataset=args.dataset, max_tokens=args.max_tokens,
+                        seed=args.seed, device=args.device, build=not args.no_build, progress=not args.quiet)
+    _print_json(summary)
+    return 0
+
+
 def _add_analysis_options(p: argparse.ArgumentParser) -> None:
     from .stats.filtering import FILTER_HELP
 
@@ -279,6 +328,25 @@ def build_parser() -> argparse.ArgumentParser:
     _add_analysis_options(p)
     p.set_defaults(func=cmd_select)
 
+    from .profiles import PROFILES
+
+    p = sub.add_parser("reproduce", help="run the notebooks for a model and build the book",
+                       description="Convert notebooks/ with jupytext, run them with papermill for --model and "
+                                   "--profile into book/results/<model>/ (swapped in only when every notebook "
+                                   "succeeded), then build the book with jupyter-book (warnings are errors). "
+                                   "Statistics come from the results cache when present.")
+    p.add_argument("--model", default=DEFAULT_MODEL, help=f"embedded name, local directory or HF id (default {DEFAULT_MODEL})")
+    p.add_argument("--profile", default="default",
+                   help="; ".join(f"{k}: {v['description']}" for k, v in PROFILES.items()) + " (default: default)")
+    p.add_argument("--only", default=None, help="comma-separated notebook numbers or names, e.g. 01,03 (default: all)")
+    p.add_argument("--dataset", default="sharegpt", help=f"{', '.join(CORPUS_ASSETS)} or a .jsonl path (default sharegpt)")
+    p.add_argument("--max-tokens", type=_positive_int, default=None, help="override the profile's analysis token budget")
+    p.add_argument("--seed", type=int, default=0, help="seed of random controls and shuffling (default 0)")
+    p.add_argument("--device", default="auto", help="auto (CUDA if present), cpu, cuda, cuda:N")
+    p.add_argument("--no-build", action="store_true", help="run the notebooks but do not build the book")
+    p.add_argument("--quiet", action="store_true", help="no per-cell progress bars")
+    p.set_defaults(func=cmd_reproduce)
+
     p = sub.add_parser("export", help="write a trained drafter for vLLM or SGLang",
                        description="Export a drafter directory (written by `wavesurf train`) as an EAGLE-3 checkpoint: "
                                    "'eagle3' (SpecForge/SGLang config, ids as 'output of block k') or 'speculators' "
@@ -293,6 +361,46 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--speculative-tokens", type=_positive_int, default=3,
                    help="speculators: default number of speculative tokens (default 3)")
     p.set_defaults(func=cmd_export)
+
+    p = sub.add_parser("train", help="train an EAGLE-3 drafter on chosen target layers",
+                       description="Train an EAGLE-3 draft head that reads --layers (vLLM ids) of the target. The "
+                                   "target runs once over --max-train-tokens tokens of the training split into a "
+                                   "feature store (cached; by default every layer, so other layer sets reuse it), "
+                                   "then the head trains with training-time test (--ttt-steps unrolled steps, loss "
+                                   "weight 0.8^j) over a --draft-vocab most-frequent-token vocabulary. Checkpoints "
+                                   "let an interrupted run resume. Data parallel: `accelerate launch "
+                                   "--num_processes P -m wavesurf.cli train ...`. Prints a JSON summary.")
+    p.add_argument("--model", default=DEFAULT_MODEL, help=f"embedded name, local directory or HF id (default {DEFAULT_MODEL})")
+    p.add_argument("--layers", type=_layer_list, required=True,
+                   help="vLLM layer ids the drafter reads, e.g. 2,15,27 (from `wavesurf select`), or 'default' = [2, N//2, N-3]")
+    p.add_argument("--dataset", default="sharegpt", help="training corpus: sharegpt (its train split) or a .jsonl path (default sharegpt)")
+    p.add_argument("--split-seed", type=int, default=0, help="seed of the ShareGPT split (default 0)")
+    p.add_argument("--max-train-tokens", type=_positive_int, default=200_000,
+                   help="training-split tokens captured into the feature store (default 200000)")
+    p.add_argument("--max-len", type=_positive_int, default=512, help="truncate examples to this many tokens (default 512)")
+    p.add_argument("--store-layers", choices=["all", "train"], default="all",
+                   help="layers kept in the feature store: all ids 0..N (reusable, 2*d bytes per token and layer) "
+                        "or only --layers (+ N) (default all)")
+    p.add_argument("--store-dtype", choices=["float16", "float32"], default="float16", help="feature dtype on disk (default float16)")
+    p.add_argument("--ttt-steps", type=_positive_int, default=7, help="unrolled training-time-test steps (default 7, as EAGLE-3)")
+    p.add_argument("--draft-vocab", type=_positive_int, default=32000, help="draft vocabulary size (default 32000, as EAGLE-3)")
+    p.add_argument("--vocab-tokens", type=_positive_int, default=None,
+                   help="training-split tokens counted for the draft vocabulary (default: --max-train-tokens)")
+    p.add_argument("--steps", type=_positive_int, default=None, help="optimizer steps (default: one pass over the store)")
+    p.add_argument("--train-tokens", type=_positive_int, default=None, help="stop after about this many training tokens")
+    p.add_argument("--batch-tokens", type=_positive_int, default=2048, help="padded tokens per batch and process (default 2048)")
+    p.add_argument("--lr", type=float, default=3e-4, help="peak learning rate of AdamW (default 3e-4)")
+    p.add_argument("--warmup-steps", type=int, default=20, help="linear warmup steps (default 20)")
+    p.add_argument("--schedule", choices=["cosine", "linear", "constant"], default="cosine", help="decay after warmup (default cosine)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the head's initialisation and data order (default 0)")
+    p.add_argument("--checkpoint-every", type=_positive_int, default=100, help="steps between checkpoints (default 100)")
+    p.add_argument("--log-every", type=_positive_int, default=10, help="steps per logged loss/accuracy window (default 10)")
+    p.add_argument("--out", default=None, help="output directory (default: a keyed directory in the wavesurf cache)")
+    p.add_argument("--no-resume", action="store_true", help="refuse to continue a run found in --out instead of resuming it")
+    p.add_argument("--device", default="auto", help="auto (CUDA if present), cpu, cuda, cuda:N")
+    p.add_argument("--allow-download", action="store_true", help="let transformers download a Hugging Face model")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.set_defaults(func=cmd_train)
     return parser
 
 

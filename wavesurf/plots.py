@@ -61,3 +61,157 @@ def plot_cka_heatmap(sub: Any, ax: Any = None, title: str | None = None, compart
         ax.set_title(title)
     plt.colorbar(im, ax=ax, fraction=0.046, pad=0.04, label="linear CKA")
     return ax
+
+
+# ---------------------------------------------------------------------------------------------
+# Figures of the paper-companion notebooks (one function per kind of figure; notebooks only call)
+def shade_compartments(ax: Any, compartments: Sequence[tuple[int, int]], label: bool = True) -> None:
+    """Shade contiguous CKA compartments (inclusive layer-id ranges) as alternating bands."""
+    for b, (lo, hi) in enumerate(compartments):
+        ax.axvspan(lo - 0.5, hi + 0.5, color="tab:blue" if b % 2 == 0 else "tab:orange", alpha=0.08, lw=0)
+        if label:
+            ax.text((lo + hi) / 2, 1.0, f"C{b + 1}", transform=ax.get_xaxis_transform(), ha="center", va="bottom",
+                    fontsize=8, color="0.35")
+
+
+def plot_depth(series: Sequence[tuple[str, Sequence[float], Sequence[float]]], ylabel: str, ax: Any = None,
+               xlabel: str = LAYER_AXIS, compartments: Sequence[tuple[int, int]] | None = None,
+               mark: Sequence[int] | None = None, title: str | None = None, styles: Sequence[dict] | None = None) -> Any:
+    """Lines of a per-layer quantity across depth: ``series`` is [(label, x, y)]."""
+    import matplotlib.pyplot as plt
+
+    use_style()
+    if ax is None:
+        _, ax = plt.subplots(figsize=(6.4, 3.4))
+    if compartments:
+        shade_compartments(ax, compartments)
+    for n, (label, x, y) in enumerate(series):
+        style = {"marker": "o", "ms": 3, **((styles or [{}] * len(series))[n])}
+        ax.plot(x, y, label=label, **style)
+    for i in mark or []:
+        ax.axvline(i, color="0.4", lw=0.8, ls=":")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    if title:
+        ax.set_title(title)
+    if any(label for label, _, _ in series):
+        ax.legend(fontsize=8)
+    return ax
+
+
+def plot_matrix(matrix: Any, layer_ids: Sequence[int], label: str, ax: Any = None, title: str | None = None,
+                cmap: str = "viridis", vmin: float | None = None, vmax: float | None = None,
+                marks: dict[str, Sequence[int]] | None = None) -> Any:
+    """A layer x layer heatmap (both axes layer ids) with a labelled colour bar; ``marks`` draws
+    the pairs of named layer sets as symbols."""
+    import matplotlib.pyplot as plt
+
+    use_style()
+    if ax is None:
+        _, ax = plt.subplots(figsize=(4.8, 4.2))
+    ids = np.asarray(layer_ids)
+    im = ax.imshow(np.asarray(matrix), origin="lower", cmap=cmap, vmin=vmin, vmax=vmax,
+                   extent=(ids[0] - 0.5, ids[-1] + 0.5, ids[0] - 0.5, ids[-1] + 0.5))
+    for (name, ids_), sym in zip((marks or {}).items(), ("o", "s", "^", "D", "v")):
+        pts = [(a, b) for a in ids_ for b in ids_ if a != b]
+        ax.scatter([p[0] for p in pts], [p[1] for p in pts], marker=sym, s=28, facecolors="none",
+                   edgecolors="white", linewidths=1.2, label=name)
+    if marks:
+        ax.legend(fontsize=7, loc="upper left", labelcolor="0.1", framealpha=0.7, frameon=True)
+    ax.grid(False)
+    ax.set_xlabel("layer id (vLLM)")
+    ax.set_ylabel("layer id (vLLM)")
+    if title:
+        ax.set_title(title)
+    plt.colorbar(im, ax=ax, fraction=0.046, pad=0.04, label=label)
+    return ax
+
+
+def plot_distribution(values: Any, xlabel: str, marks: dict[str, float] | None = None, ax: Any = None,
+                      bins: int = 60, title: str | None = None) -> Any:
+    """Histogram of a score over many layer sets, with named sets marked as vertical lines."""
+    import matplotlib.pyplot as plt
+
+    use_style()
+    if ax is None:
+        _, ax = plt.subplots(figsize=(6.4, 3.2))
+    ax.hist(np.asarray(values), bins=bins, color="0.6", edgecolor="white", lw=0.3)
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for n, (name, v) in enumerate((marks or {}).items()):
+        ax.axvline(v, color=colours[n % len(colours)], lw=1.6, label=name)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("number of layer sets")
+    if title:
+        ax.set_title(title)
+    if marks:
+        ax.legend(fontsize=8)
+    return ax
+
+
+def plot_sweep(rows: Sequence[dict[str, Any]], metric: str, ylabel: str, ax: Any = None) -> Any:
+    """A metric of a token-entropy filter sweep against the kept fraction: filtered positions
+    against random positions of the same count (rows of :func:`wavesurf.paper.sweep_rows`)."""
+    import matplotlib.pyplot as plt
+
+    use_style()
+    if ax is None:
+        _, ax = plt.subplots(figsize=(4.2, 3.2))
+    for subset, style in (("filtered", {"marker": "o"}), ("random", {"marker": "s", "ls": "--"})):
+        pts = sorted((float(r["kept_fraction"]), float(r[metric])) for r in rows if r["subset"] in (subset, "all"))
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], label=f"{subset} positions", **style)
+    ax.set_xlabel("kept fraction of positions (1 = no filter)")
+    ax.set_ylabel(ylabel)
+    ax.invert_xaxis()
+    ax.legend(fontsize=8)
+    return ax
+
+
+def html_table(rows: Sequence[dict[str, Any]], columns: Sequence[str] | None = None, floatfmt: str = ".4g") -> str:
+    """A plain HTML table (no pandas) of tidy rows, for notebook display."""
+    import html
+
+    columns = list(columns or (rows[0].keys() if rows else []))
+
+    def cell(v: Any) -> str:
+        if isinstance(v, float | np.floating):
+            return format(float(v), floatfmt)
+        return html.escape(str(v))
+
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
+    body = "".join("<tr>" + "".join(f"<td>{cell(r.get(c, ''))}</td>" for c in columns) + "</tr>" for r in rows)
+    return f'<table class="wavesurf-table"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+
+
+def save_figure(fig: Any, path: Any) -> Any:
+    """Save ``fig`` as PNG (parents created); returns the path."""
+    from pathlib import Path
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, bbox_inches="tight")
+    return path
+
+
+def plot_layer_sets(sets: dict[str, Sequence[int]], n_layers: int, ax: Any = None,
+                    compartments: Sequence[tuple[int, int]] | None = None) -> Any:
+    """One row per named layer set, its ids marked on the depth axis 0..N."""
+    import matplotlib.pyplot as plt
+
+    use_style()
+    if ax is None:
+        _, ax = plt.subplots(figsize=(6.4, 0.45 * len(sets) + 1.0))
+    if compartments:
+        shade_compartments(ax, compartments)
+    names = list(sets)
+    for row, name in enumerate(names):
+        ids = list(sets[name])
+        ax.plot(ids, [row] * len(ids), "o", ms=7)
+        for i in ids:
+            ax.annotate(str(i), (i, row), textcoords="offset points", xytext=(0, 6), ha="center", fontsize=7)
+    ax.set_yticks(range(len(names)))
+    ax.set_yticklabels(names)
+    ax.set_ylim(-0.6, len(names) - 0.3)
+    ax.set_xlim(-0.5, n_layers + 0.5)
+    ax.set_xlabel(LAYER_AXIS)
+    ax.grid(axis="y", alpha=0)
+    return ax

@@ -1,0 +1,98 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3 (wavesurf)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Across models
+#
+# The same statistics for every model whose results for this profile are in the results cache,
+# against relative depth (layer id / N) so models of different depth line up.
+
+# %% tags=["parameters"]
+model = "smollm2-135m"  # embedded name, local directory or HF id
+dataset = "sharegpt"  # sharegpt, mt-bench, humaneval or a .jsonl path
+max_tokens = None  # None: the profile's analysis token budget
+profile = "default"  # smoke | default | paper
+seed = 0  # random control subsets and minibatch shuffling
+device = "auto"  # auto, cpu, cuda, cuda:N
+
+# %% tags=["hide-input"]
+# Check the parameters first: a wrong type or value stops here with a clear message.
+import matplotlib.pyplot as plt
+import numpy as np
+from myst_nb import glue
+
+import wavesurf as ws
+from wavesurf import paper, plots
+
+P = paper.check_parameters(model, dataset, max_tokens, profile, seed, device)
+ws.models.configure_torch()  # WAVESURF_THREADS, TF32 off
+plots.use_style()
+
+# %% tags=["hide-output"]
+target = ws.load_target(P.model, device=P.device)
+
+# %%
+# NBVAL_CHECK_OUTPUT
+print(f"{target.name}: N = {target.n_layers} blocks, d = {target.hidden_size}, "
+      f"default EAGLE-3 layers (vLLM ids) {target.default_layer_ids()}")
+
+# %% tags=["hide-output"]
+paper.profile_stats(target, P, ["base", "selection"])  # this model's results are in the cache
+variants = paper.analysis_variants(P)
+bases = {s.meta["model"]: s for s in paper.cached_results(variants["base"])}
+selections = {s.meta["model"]: s for s in paper.cached_results(variants["selection"])}
+models = sorted(bases)
+
+# %%
+# NBVAL_CHECK_OUTPUT
+print("this model:", target.name, "| included:", target.name in models)
+
+# %% tags=["hide-input"]
+from wavesurf.stats.cka import cka_to_last
+
+fig, axes = plt.subplots(1, 2, figsize=(11, 3.6))
+plots.plot_depth([(f"{m} (N={s.n_layers})", np.array(s.layer_ids) / s.n_layers, paper.depth_curves(s)["S1_norm"])
+                  for m, s in bases.items()], "normalised S₁", ax=axes[0], xlabel="relative depth (layer id / N)")
+plots.plot_depth([(m, np.array(s.layer_ids) / s.n_layers, cka_to_last(s.cka)) for m, s in bases.items()],
+                 "CKA(i, N) with the last block", ax=axes[1], xlabel="relative depth (layer id / N)")
+fig.tight_layout()
+plots.save_figure(fig, "figures/07_cross_model.png")
+glue("fig_cross", fig, display=False)
+plt.close(fig)
+
+# %% tags=["remove-input"]
+from IPython.display import HTML
+
+table = []
+for m in models:
+    s = selections.get(m, bases[m])
+    row = {"model": m, "N": s.n_layers, "compartments (no filter)": " ".join(f"{a}-{b}" for a, b in bases[m].compartments)}
+    for method in ("default", "aggregate", "combined"):
+        ids_ = ws.select_layers(s, k=3, method=method).layer_ids
+        row[method] = paper.fmt_ids(ids_) + " → [" + ", ".join(f"{i / s.n_layers:.2f}" for i in ids_) + "]"
+    table.append(row)
+paper.write_csv(table, "tables/07_cross_model.csv")
+HTML(plots.html_table(table))
+
+# %%
+glue("n_models", len(models), display=False)
+glue("models", ", ".join(models), display=False)
+
+# %% [markdown]
+# ```{glue:figure} fig_cross
+# Normalised α = 1 entropy (left) and CKA with the last block (right) against relative depth for
+# {glue:text}`n_models` model(s) with cached results ({glue:text}`models`). **What to see:** whether
+# the entropy profile and the turnover of the representation happen at the same relative depth in
+# different models — where they do, a relative-depth rule like `[2, N//2, N-3]` transfers.
+# ```
+#
+# The table lists each model's selected sets in vLLM ids and as relative depth (id / N).

@@ -1,0 +1,368 @@
+"""What the paper-companion notebooks share: parameter checks, the profile's analysis variants
+computed from one capture, control views, closed-form scores over layer sets, selection tables and
+the models with cached results. Notebooks only call these and plot.
+"""
+from __future__ import annotations
+
+import csv
+import itertools
+import json
+import math
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .errors import WavesurfError
+from .profiles import get_profile
+
+#: Keep captured batches in memory to feed several analyses from one forward pass when their
+#: hidden states (all layers, float32, padding included) take at most this many bytes.
+SHARED_CAPTURE_MAX_BYTES = 6 * 2**30
+DEVICES_HELP = "'auto', 'cpu', 'cuda' or 'cuda:N'"
+
+
+class ParameterError(WavesurfError, ValueError):
+    """A notebook parameter of the wrong type or value."""
+
+
+@dataclass(frozen=True)
+class NotebookParams:
+    """The checked parameters every notebook takes (papermill ``parameters`` cell)."""
+
+    model: str
+    dataset: str
+    max_tokens: int | None  # None = the profile's analysis budget
+    profile: str
+    seed: int
+    device: str
+
+    @property
+    def profile_dict(self) -> dict[str, Any]:
+        return get_profile(self.profile)
+
+
+def check_parameters(model: Any, dataset: Any, max_tokens: Any, profile: Any, seed: Any, device: Any) -> NotebookParams:
+    """Check notebook parameters; a wrong type or value raises :class:`ParameterError` naming it."""
+    from .assets import CORPUS_ASSETS
+
+    def bad(name: str, value: Any, allowed: str) -> ParameterError:
+        return ParameterError(f"parameter {name}={value!r} is not allowed: {allowed}")
+
+    if not isinstance(model, str) or not model.strip():
+        raise bad("model", model, "a non-empty string (embedded name, local directory or HF id)")
+    if not isinstance(dataset, str) or not (dataset in CORPUS_ASSETS or dataset.endswith(".jsonl")):
+        raise bad("dataset", dataset, f"one of {', '.join(CORPUS_ASSETS)} or a path ending in .jsonl")
+    if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens <= 0):
+        raise bad("max_tokens", max_tokens, "None (the profile's budget) or a positive integer")
+    get_profile(profile)  # raises with the list of profiles
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise bad("seed", seed, "an integer >= 0")
+    if not isinstance(device, str) or not (device in ("auto", "cpu", "cuda") or
+                                           (device.startswith("cuda:") and device[5:].isdigit())):
+        raise bad("device", device, DEVICES_HELP)
+    return NotebookParams(model.strip(), dataset, max_tokens, profile, seed, device)
+
+
+# ---------------------------------------------------------------------------------------------
+def analysis_variants(params: NotebookParams) -> dict[str, Any]:
+    """AnalysisSettings of every variant the statistics notebooks read, by name:
+    ``base``, ``position0``, ``selection`` and ``sweep:<filter>`` for each sweep filter."""
+    from .stats.analysis import AnalysisSettings
+
+    a = params.profile_dict["analysis"]
+    split = "stats" if params.dataset == "sharegpt" else None
+    common = dict(dataset=params.dataset, split=split, max_tokens=params.max_tokens or a["max_tokens"],
+                  max_len=a["max_len"], batch_tokens=a["batch_tokens"], pilot_tokens=a["pilot_tokens"],
+                  seed=params.seed)
+    exact = AnalysisSettings(**common, estimator=a["estimator"])
+    sweep = AnalysisSettings(**common, estimator=a["sweep_estimator"], minibatch_size=a["minibatch_size"])
+    variants = {
+        "base": exact,
+        "position0": replace(sweep, include_position0=True),
+        "selection": replace(exact, filter=a["selection_filter"], estimator=a["selection_estimator"],
+                             minibatch_size=a["minibatch_size"]),
+    }
+    for f in a["sweep_filters"]:
+        variants[f"sweep:{f}"] = replace(sweep, filter=f)
+    return variants
+
+
+def sweep_variant_names(params: NotebookParams) -> list[str]:
+    return ["base"] + [f"sweep:{f}" for f in params.profile_dict["analysis"]["sweep_filters"]]
+
+
+def profile_stats(target: Any, params: NotebookParams, names: Sequence[str] | None = None,
+                  progress: bool = True) -> dict[str, Any]:
+    """LayerStats of the profile's variants (all by default), from the results cache where present.
+
+    Missing variants that share capture settings are computed from **one** forward pass over the
+    corpus (batches kept in memory when they fit :data:`SHARED_CAPTURE_MAX_BYTES`, else one pass
+    each), then cached exactly as :func:`wavesurf.analyze` would, so either reads the other's result.
+    """
+    from .stats.analysis import analysis_key, analyze, load_stats, result_dir, save_stats
+    from .cache import verify_directory
+
+    variants = analysis_variants(params)
+    names = list(variants) if names is None else list(names)
+    unknown = [n for n in names if n not in variants]
+    if unknown:
+        raise ParameterError(f"unknown analysis variant(s) {unknown}; available: {', '.join(variants)}")
+    out: dict[str, Any] = {}
+    missing: dict[str, Any] = {}
+    for name in names:
+        settings = variants[name]
+        settings.check()
+        key, _ = analysis_key(target, settings)
+        path = result_dir(target.name, key)
+        if path.exists() and verify_directory(path) is None:
+            out[name] = load_stats(path)
+        else:
+            missing[name] = settings
+    if missing:
+        out.update(_compute_shared(target, missing, progress))
+    for name, stats in out.items():  # reload computed ones from disk: cross blocks memory-mapped
+        if stats.path is None:
+            key, _ = analysis_key(target, variants[name])
+            out[name] = load_stats(result_dir(target.name, key))
+    return {n: out[n] for n in names}
+
+
+def _capture_fields(s: Any) -> tuple:
+    return (s.dataset, s.split, s.split_seed, s.max_tokens, s.max_len, s.batch_tokens)
+
+
+def _compute_shared(target: Any, missing: dict[str, Any], progress: bool) -> dict[str, Any]:
+    from .capture import capture
+    from .data import load_corpus
+    from .stats.analysis import analysis_key, analyze, analyze_batches, result_dir, save_stats
+
+    results: dict[str, Any] = {}
+    groups: dict[tuple, list[str]] = {}
+    for name, s in missing.items():
+        groups.setdefault(_capture_fields(s), []).append(name)
+    for fields_, group in groups.items():
+        s0 = missing[group[0]]
+        # padded batches hold up to batch_tokens per forward; budget with 25% padding slack
+        need = int(s0.max_tokens * 1.25) * (target.n_layers + 1) * target.hidden_size * 4
+        if len(group) == 1 or need > SHARED_CAPTURE_MAX_BYTES:
+            for name in group:
+                results[name] = analyze(target, missing[name], progress=progress)
+            continue
+        t0 = time.perf_counter()
+        corpus = load_corpus(s0.dataset, split=s0.split, seed=s0.split_seed)
+        batches = list(capture(target, corpus, s0.max_tokens, max_len=s0.max_len,
+                               batch_tokens=s0.batch_tokens, progress=progress))
+        t_capture = time.perf_counter() - t0
+        for name in group:
+            t1 = time.perf_counter()
+            settings = missing[name]
+            key, params = analysis_key(target, settings)
+            stats = analyze_batches(batches, target.n_layers, target.hidden_size, settings, key=key, params=params)
+            stats.meta["seconds"] = round(time.perf_counter() - t1 + t_capture / len(group), 1)
+            stats.meta["shared_capture"] = {"variants": len(group), "capture_seconds": round(t_capture, 1)}
+            out = result_dir(target.name, key)
+            save_stats(stats, out)
+            results[name] = stats
+            if progress:
+                print(f"analysis {name}: {stats.meta['seconds']} s", flush=True)
+        del batches
+    return results
+
+
+def control_view(stats: Any) -> Any:
+    """The random control subset of a filtered LayerStats, as a LayerStats of its own (so
+    selection and plots treat it like the filtered one)."""
+    from .stats.analysis import LayerStats
+
+    if stats.control is None:
+        raise WavesurfError("these statistics have no random control (no token-entropy filter)")
+    return LayerStats(stats.key + ":random", {**stats.meta, "subset": "random"}, stats.control, None, stats.path)
+
+
+# ---------------------------------------------------------------------------------------------
+def all_subsets(layer_ids: Sequence[int], k: int) -> np.ndarray:
+    """Every k-subset of ``layer_ids`` as an ``[m, k]`` int64 array (sorted rows)."""
+    return np.array(list(itertools.combinations(sorted(layer_ids), k)), dtype=np.int64).reshape(-1, k)
+
+
+def aggregate_entropy2(stats: Any, subsets: Any) -> np.ndarray:
+    """Alpha=2 aggregate entropy (nats) of layer-id subsets (rows), exact closed form."""
+    from .stats.entropy import aggregate_entropy2_closed_form
+
+    return aggregate_entropy2_closed_form(stats.purity, stats.cka, _positions(stats, subsets))
+
+
+def redundancy2(stats: Any, subsets: Any) -> np.ndarray:
+    """Alpha=2 redundancy (nats, >= 0) of layer-id subsets: the block-diagonal alpha=2 entropy
+    minus the joint one, i.e. ``log(sum P + sum_{a!=b} CKA sqrt(P P)) - log(sum P)``."""
+    from .stats.entropy import aggregate_entropy2_closed_form
+
+    sub = _positions(stats, subsets)
+    no_cross = np.eye(len(stats.purity))
+    return (aggregate_entropy2_closed_form(stats.purity, no_cross, sub)
+            - aggregate_entropy2_closed_form(stats.purity, stats.cka, sub))
+
+
+def pair_matrix(stats: Any, fn: Any = None) -> np.ndarray:
+    """``[L, L]`` matrix of a set score over layer pairs (default: alpha=2 aggregate entropy); the
+    diagonal holds the single layer's score."""
+    fn = fn or aggregate_entropy2
+    ids = list(stats.layer_ids)
+    L = len(ids)
+    pairs = np.array([[a, b] for a in ids for b in ids], dtype=np.int64)
+    vals = np.empty(len(pairs))
+    diag = pairs[:, 0] == pairs[:, 1]
+    vals[diag] = fn(stats, pairs[diag][:, :1])
+    vals[~diag] = fn(stats, pairs[~diag])
+    return vals.reshape(L, L)
+
+
+def _positions(stats: Any, subsets: Any) -> np.ndarray:
+    pos = {lid: k for k, lid in enumerate(stats.layer_ids)}
+    sub = np.asarray(subsets, dtype=np.int64)
+    if sub.ndim == 1:
+        sub = sub[None, :]
+    try:
+        return np.vectorize(pos.__getitem__, otypes=[np.int64])(sub)
+    except KeyError as exc:
+        raise WavesurfError(f"layer id {exc.args[0]} is not in the statistics (ids {stats.layer_ids})") from None
+
+
+def rank_of(values: np.ndarray, value: float) -> tuple[int, float]:
+    """(1-based rank of ``value`` among ``values``, descending; fraction of values strictly above)."""
+    above = int(np.sum(values > value + 1e-12))
+    return above + 1, above / max(len(values), 1)
+
+
+# ---------------------------------------------------------------------------------------------
+def selection_rows(stats: Any, k: int = 3, methods: Sequence[str] | None = None, **options: Any) -> list[dict[str, Any]]:
+    """One tidy row per method: ids (vLLM and SGLang), scores, reason, and how it compares with
+    the default rule (alpha=2 aggregate entropy and mean pairwise CKA difference)."""
+    from .select import METHODS, select_layers
+
+    methods = list(methods or METHODS)
+    if k != 3 and "default" in methods:
+        methods.remove("default")
+    rows = []
+    default = select_layers(stats, k=3, method="default") if k == 3 else None
+    for m in methods:
+        sel = select_layers(stats, k=k, method=m, **options.get(m, {}))
+        s = sel.scores
+        row = {
+            "method": m, "layer_ids": " ".join(map(str, sel.layer_ids)),
+            "sglang_layer_ids": " ".join("-" if i is None else str(i) for i in sel.sglang_layer_ids),
+            "mean_entropy_nats": s["mean_entropy_nats"], "mean_pairwise_cka": s["mean_pairwise_cka"],
+            "aggregate_entropy2_nats": s["aggregate_entropy2_nats"],
+            "aggregate_entropy1_nats": s.get("aggregate_entropy1_nats", ""),
+            "redundancy2_nats": round(float(redundancy2(stats, [sel.layer_ids])[0]), 4),
+            "same_as_default": default is not None and sel.layer_ids == default.layer_ids,
+            "reason": sel.reason,
+        }
+        if default is not None:
+            row["delta_aggregate_entropy2_vs_default"] = round(
+                s["aggregate_entropy2_nats"] - default.scores["aggregate_entropy2_nats"], 4)
+        rows.append(row)
+    return rows
+
+
+def write_csv(rows: Sequence[dict[str, Any]], path: str | Path) -> Path:
+    """Tidy CSV (header from the first row's keys)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not rows:
+        raise WavesurfError(f"no rows to write to {path}")
+    with open(path, "w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        writer.writeheader()
+        for r in rows:
+            writer.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in r.items()})
+    return path
+
+
+def sweep_rows(stats_by_variant: dict[str, Any], method: str = "combined", k: int = 3) -> list[dict[str, Any]]:
+    """Tidy rows of a token-entropy filter sweep: per filter and subset (filtered / random
+    control / all tokens) the kept tokens, threshold, mean entropy, mean neighbour CKA, mean CKA
+    to the last layer, compartments and the layer set ``method`` selects."""
+    from .select import select_layers
+    from .stats.cka import cka_to_last, neighbour_cka
+
+    rows = []
+    for name, stats in stats_by_variant.items():
+        f = stats.meta["filter"]
+        views = [("all" if stats.control is None else "filtered", stats)]
+        if stats.control is not None:
+            views.append(("random", control_view(stats)))
+        for subset, view in views:
+            sel = select_layers(view, k=k, method=method)
+            rows.append({
+                "variant": name, "filter": f["filter"], "subset": subset,
+                "threshold_nats": f["threshold_nats"] if f["threshold_nats"] is not None else "",
+                "kept_fraction": f["kept_fraction"] if stats.control is not None else 1.0,
+                "tokens": int(view.main.n_tokens),
+                "mean_entropy_nats": round(float(np.mean(view.entropy)), 4),
+                "mean_normalized_entropy": round(float(np.mean(view.normalized_entropy)), 4),
+                "mean_neighbour_cka": round(float(np.mean(neighbour_cka(view.cka))), 4),
+                "mean_cka_to_last": round(float(np.mean(cka_to_last(view.cka))), 4),
+                "n_compartments": len(view.compartments),
+                "compartments": " ".join(f"{a}-{b}" for a, b in view.compartments),
+                "method": method, "selected_ids": " ".join(map(str, sel.layer_ids)),
+            })
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------
+_MODEL_FIELDS = ("model", "source", "n_layers", "hidden_size", "dtype", "wavesurf", "format")
+
+
+def cached_results(settings: Any) -> list[Any]:
+    """LayerStats of every model whose cached analysis used exactly ``settings`` (all
+    AnalysisSettings fields equal; model facts free), sorted by model name."""
+    from .cache import cache_root, verify_directory
+    from .stats.analysis import load_stats
+
+    want = {**asdict(settings), "filter": _filter_label(settings.filter)}
+    found = {}
+    root = cache_root() / "results" / "analyze"
+    for meta_path in sorted(root.glob("*/meta.json")) if root.exists() else []:
+        try:
+            meta = json.loads(meta_path.read_text())
+        except (OSError, ValueError):
+            continue
+        recorded = {**meta, "filter": _filter_label(meta.get("filter"))}
+        if any(recorded.get(k, object()) != v for k, v in want.items()):
+            continue
+        if verify_directory(meta_path.parent) is not None:
+            continue
+        found.setdefault(meta["model"], meta_path.parent)
+    return [load_stats(found[m]) for m in sorted(found)]
+
+
+def _filter_label(spec: Any) -> str | None:
+    """The canonical label of a filter spec, or of the filter summary a result's meta records."""
+    from .stats.filtering import TokenFilter
+
+    if isinstance(spec, dict):
+        spec = spec.get("filter")
+    try:
+        return TokenFilter.parse(spec).label
+    except WavesurfError:
+        return None
+
+
+def fmt_ids(ids: Iterable[int]) -> str:
+    """``[2, 15, 27]`` as prose text."""
+    return "[" + ", ".join(str(int(i)) for i in ids) + "]"
+
+
+def depth_curves(stats: Any) -> dict[str, np.ndarray]:
+    """Per-layer matrix entropy of the main subset: alpha 1 and 2, in nats and normalised by the
+    maximum ``log min(n - 1, d)``."""
+    from .stats.entropy import max_entropy
+
+    top = max_entropy(int(stats.main.n_tokens), int(stats.meta["hidden_size"]))
+    return {"S1": np.asarray(stats.entropy), "S2": np.asarray(stats.entropy2),
+            "S1_norm": np.asarray(stats.entropy) / top, "S2_norm": np.asarray(stats.entropy2) / top}

@@ -1,0 +1,386 @@
+"""``wavesurf reproduce``: jupytext notebooks -> papermill -> the book tree -> ``jupyter-book build``.
+
+Each notebook of ``notebooks/`` (py:percent, ``NN_name.py``) is converted with jupytext, run with
+papermill on a kernel of the current Python (a kernelspec installed offline into this
+environment), with the model and profile injected into its ``parameters`` cell. Executed notebooks,
+their figures and tables are written into a staging directory and swapped into
+``book/results/<model>/`` only when every notebook of the run succeeded, so a page never shows a
+figure of an older run next to new ones, and another model's pages stay untouched. Notebooks that
+compare models (``SCOPE_ALL``) land in ``book/across-models/``. A failing notebook stops the run;
+its partial executed copy is kept under ``runs/reproduce/failed/`` (outside the book).
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .errors import WavesurfError
+from .profiles import get_profile
+
+KERNEL_NAME = "wavesurf-python"
+#: notebooks that read every model's cached results rather than one model's
+SCOPE_ALL = {"07"}
+ACROSS_DIR = "across-models"
+
+
+class ReproduceError(WavesurfError):
+    """A bad --only / profile, or a notebook that failed (names the notebook and cell)."""
+
+
+@dataclass(frozen=True)
+class NotebookSpec:
+    number: str  # "01"
+    stem: str  # "01_entropy_compartments"
+    path: Path
+
+    @property
+    def scope(self) -> str:
+        return "all" if self.number in SCOPE_ALL else "model"
+
+
+def repo_root() -> Path:
+    return Path(__file__).resolve().parents[1]
+
+
+def discover_notebooks(notebook_dir: Path | None = None) -> list[NotebookSpec]:
+    """The ``NN_name.py`` notebooks of ``notebook_dir`` in number order."""
+    notebook_dir = Path(notebook_dir or repo_root() / "notebooks")
+    specs = []
+    for p in sorted(notebook_dir.glob("[0-9][0-9]_*.py")):
+        specs.append(NotebookSpec(p.name[:2], p.stem, p))
+    if not specs:
+        raise ReproduceError(f"no notebooks (NN_name.py) found in {notebook_dir}")
+    return specs
+
+
+def select_notebooks(specs: Sequence[NotebookSpec], only: str | Sequence[str] | None) -> list[NotebookSpec]:
+    """``only`` as '01,03' (numbers or full stems); unknown entries raise with the list available."""
+    if only is None or only == "" or only == []:
+        return list(specs)
+    items = [x.strip() for x in (only.split(",") if isinstance(only, str) else only) if x.strip()]
+    chosen, unknown = [], []
+    for item in items:
+        match = [s for s in specs if item in (s.number, s.stem, s.number.lstrip("0"), s.path.name)]
+        if not match:
+            unknown.append(item)
+        chosen.extend(m for m in match if m not in chosen)
+    if unknown or not chosen:
+        raise ReproduceError(f"--only {','.join(items)!r}: unknown notebook(s) {unknown or items}; available: "
+                             + ", ".join(s.stem for s in specs))
+    return sorted(chosen, key=lambda s: s.number)
+
+
+def safe_name(model: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in model).strip("._") or "model"
+
+
+# ---------------------------------------------------------------------------------------------
+def kernel_argv() -> list[str]:
+    """The kernel command: this very Python, kernel-level warnings off (e.g. the plain-TCP notice)."""
+    return [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}", "--IPKernelApp.log_level=ERROR"]
+
+
+def ensure_kernel() -> str:
+    """Install (offline) a kernelspec running this very Python into this environment; return its name."""
+    from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
+
+    try:
+        if KernelSpecManager().get_kernel_spec(KERNEL_NAME).argv == kernel_argv():
+            return KERNEL_NAME
+    except NoSuchKernel:
+        pass
+    folder = Path(sys.prefix) / "share" / "jupyter" / "kernels" / KERNEL_NAME
+    folder.mkdir(parents=True, exist_ok=True)
+    spec = {"argv": kernel_argv(), "display_name": "Python 3 (wavesurf)", "language": "python",
+            "metadata": {"debugger": False}}
+    tmp = folder / "kernel.json.tmp"
+    tmp.write_text(json.dumps(spec, indent=1))
+    os.replace(tmp, folder / "kernel.json")
+    return KERNEL_NAME
+
+
+def to_notebook(spec: NotebookSpec, kernel: str) -> Any:
+    """The jupytext notebook of ``spec`` with the kernelspec set (no outputs)."""
+    import jupytext
+
+    nb = jupytext.read(spec.path, fmt="py:percent")
+    nb.metadata["kernelspec"] = {"name": kernel, "display_name": "Python 3 (wavesurf)", "language": "python"}
+    nb.metadata.pop("jupytext", None)
+    return nb
+
+
+def notebook_parameters(model: str, profile: str, dataset: str = "sharegpt", max_tokens: int | None = None,
+                        seed: int = 0, device: str = "auto") -> dict[str, Any]:
+    return {"model": model, "dataset": dataset, "max_tokens": max_tokens, "profile": profile, "seed": seed,
+            "device": device}
+
+
+def execute_notebook(spec: NotebookSpec, out_path: Path, parameters: dict[str, Any], kernel: str,
+                     progress: bool = True, timeout_s: int | None = None) -> float:
+    """Run one notebook with papermill into ``out_path`` (cwd = its folder); seconds taken.
+    A failure raises :class:`ReproduceError` naming the notebook, cell and error."""
+    import papermill as pm
+    from papermill.exceptions import PapermillExecutionError
+
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.setdefault("PYDEVD_DISABLE_FILE_VALIDATION", "1")
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    try:
+        pm.execute_notebook(to_notebook(spec, kernel), str(out_path), parameters=parameters, kernel_name=kernel,
+                            cwd=str(out_path.parent), progress_bar=progress, execution_timeout=timeout_s,
+                            log_output=False)
+    except PapermillExecutionError as exc:
+        raise ReproduceError(f"notebook {spec.stem} failed in cell {exc.cell_index} (execution count "
+                             f"{exc.exec_count}): {exc.ename}: {exc.evalue}") from None
+    return time.perf_counter() - t0
+
+
+def _title_with_model(path: Path, model: str) -> None:
+    """Append the model to the page title (first markdown heading) so per-model pages differ."""
+    import nbformat
+
+    nb = nbformat.read(path, as_version=4)
+    for cell in nb.cells:
+        if cell.cell_type == "markdown" and cell.source.startswith("# "):
+            first, _, rest = cell.source.partition("\n")
+            if f"({model})" not in first:
+                cell.source = f"{first} ({model})\n{rest}"
+            break
+    nbformat.write(nb, path)
+
+
+# ---------------------------------------------------------------------------------------------
+def _fmt_s(seconds: float) -> str:
+    seconds = int(round(seconds))
+    return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
+
+
+def _previous_times(final: Path, profile: str) -> dict[str, float]:
+    run = final / "run.json"
+    if not run.exists():
+        return {}
+    try:
+        info = json.loads(run.read_text())
+    except ValueError:
+        return {}
+    if info.get("profile") != profile:
+        return {}
+    return {k: float(v["seconds"]) for k, v in info.get("notebooks", {}).items()}
+
+
+def _stage(final: Path, stage: Path, rerun: Sequence[NotebookSpec], profile: str, say: Callable[[str], None]) -> dict:
+    """Start the staging dir: a copy of the published dir minus what this run regenerates (only
+    when it was made with the same profile); returns the carried-over run.json notebook entries."""
+    if stage.exists():
+        shutil.rmtree(stage)
+    carried: dict[str, Any] = {}
+    if final.exists():
+        info = json.loads((final / "run.json").read_text()) if (final / "run.json").exists() else {}
+        if info.get("profile") == profile:
+            shutil.copytree(final, stage)
+            numbers = {s.number for s in rerun}
+            for p in list(stage.rglob("*")):
+                if p.is_file() and p.name[:2] in numbers and (p.parent == stage or p.parent.parent == stage):
+                    p.unlink()
+            carried = {k: v for k, v in info.get("notebooks", {}).items() if k[:2] not in numbers}
+        else:
+            say(f"  (published pages in {final} were made with profile {info.get('profile')!r}; "
+                f"they are replaced, not mixed with profile {profile!r})")
+    stage.mkdir(parents=True, exist_ok=True)
+    return carried
+
+
+def _swap(stage: Path, final: Path, trash: Path) -> None:
+    """Replace ``final`` by ``stage`` (two renames on one filesystem; the old tree is deleted after)."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    old = trash / f"old-{final.name}-{os.getpid()}"
+    if old.exists():
+        shutil.rmtree(old)
+    if final.exists():
+        os.rename(final, old)
+    os.rename(stage, final)
+    if old.exists():
+        shutil.rmtree(old)
+
+
+def hardware() -> dict[str, Any]:
+    import torch
+
+    info = {"machine": platform.machine(), "processor": platform.processor() or platform.machine(),
+            "cpu_count": os.cpu_count(), "torch_threads": int(os.environ.get("WAVESURF_THREADS", 0)) or os.cpu_count(),
+            "python": platform.python_version(), "torch": torch.__version__,
+            "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
+    return info
+
+
+def reproduce(model: str, profile: str = "default", only: str | Sequence[str] | None = None, *,
+              dataset: str = "sharegpt", max_tokens: int | None = None, seed: int = 0, device: str = "auto",
+              root: Path | None = None, build: bool = True, progress: bool = True,
+              say: Callable[[str], None] = print) -> dict[str, Any]:
+    """Run the notebooks for ``model`` with ``profile`` into the book and build it; a summary dict."""
+    get_profile(profile)  # unknown profile -> clear error before anything runs
+    from .paper import check_parameters
+
+    check_parameters(model, dataset, max_tokens, profile, seed, device)
+    root = Path(root or repo_root())
+    book = root / "book"
+    specs = select_notebooks(discover_notebooks(root / "notebooks"), only)
+    kernel = ensure_kernel()
+    params = notebook_parameters(model, profile, dataset, max_tokens, seed, device)
+    work = root / "runs" / "reproduce"
+    dirs = {"model": book / "results" / safe_name(model), "all": book / ACROSS_DIR}
+    stages = {scope: work / f"staging-{scope}-{safe_name(model)}" for scope in dirs}
+    previous = {**_previous_times(dirs["model"], profile), **_previous_times(dirs["all"], profile)}
+    scopes = sorted({s.scope for s in specs})
+    carried = {scope: _stage(dirs[scope], stages[scope], [s for s in specs if s.scope == scope], profile, say)
+               for scope in scopes}
+    times: dict[str, float] = {}
+    t_run = time.perf_counter()
+    say(f"wavesurf reproduce: {len(specs)} notebook(s) for {model}, profile {profile}: "
+        + ", ".join(s.stem for s in specs))
+    for n, spec in enumerate(specs, 1):
+        elapsed = time.perf_counter() - t_run
+        remaining = [s.stem for s in specs[n - 1:]]
+        if all(r in previous for r in remaining):
+            eta = f"~{_fmt_s(sum(previous[r] for r in remaining))} (previous run)"
+        elif len(times) >= 2:
+            rest = list(times.values())[1:]
+            eta = f"~{_fmt_s(sum(rest) / len(rest) * len(remaining))} (this run)"
+        else:
+            eta = "unknown (first run; the first notebook computes the statistics)"
+        say(f"[{n}/{len(specs)}] {spec.stem}  elapsed {_fmt_s(elapsed)}, remaining {eta}")
+        out = stages[spec.scope] / f"{spec.stem}.ipynb"
+        try:
+            times[spec.stem] = execute_notebook(spec, out, params, kernel, progress=progress)
+        except (ReproduceError, KeyboardInterrupt) as exc:
+            failed = work / "failed" / safe_name(model)
+            failed.mkdir(parents=True, exist_ok=True)
+            kept = failed / out.name
+            if out.exists():
+                shutil.copy2(out, kept)
+            for stage in stages.values():
+                shutil.rmtree(stage, ignore_errors=True)
+            where = f"; the partial notebook is kept at {kept}" if kept.exists() else ""
+            if isinstance(exc, KeyboardInterrupt):
+                raise
+            raise ReproduceError(f"{exc}{where}. Nothing was published: the book keeps its previous pages.") from None
+        if spec.scope == "model":
+            _title_with_model(out, model)
+        say(f"      done in {_fmt_s(times[spec.stem])}")
+    hw = hardware()
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+    for scope in scopes:
+        entries = {**carried[scope], **{s.stem: {"seconds": round(times[s.stem], 1), "finished": stamp}
+                                         for s in specs if s.scope == scope}}
+        info = {"model": model, "profile": profile, "parameters": params, "notebooks": entries, "hardware": hw,
+                "finished": stamp}
+        (stages[scope] / "run.json").write_text(json.dumps(info, indent=2))
+        _swap(stages[scope], dirs[scope], work)
+    write_generated(book, primary=safe_name(model))
+    total = time.perf_counter() - t_run
+    say(f"notebooks done in {_fmt_s(total)}; pages in {dirs['model']}")
+    summary = {"model": model, "profile": profile, "notebooks": {k: round(v, 1) for k, v in times.items()},
+               "notebook_seconds": round(total, 1), "results_dir": str(dirs["model"])}
+    if build:
+        t0 = time.perf_counter()
+        html = build_book(book, say=say)
+        summary.update({"book_seconds": round(time.perf_counter() - t0, 1), "book": str(html)})
+        say(f"book built in {_fmt_s(summary['book_seconds'])}: {html}")
+    return summary
+
+
+# ---------------------------------------------------------------------------------------------
+def build_book(book: Path, say: Callable[[str], None] = print) -> Path:
+    """``jupyter-book build book/ -W`` (warnings are errors; nothing is executed or fetched)."""
+    exe = Path(sys.executable).with_name("jupyter-book")
+    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "jupyter_book.cli.main"]
+    cmd += ["build", str(book), "-W", "-n", "--quiet"]
+    proc = subprocess.run(cmd, cwd=book.parent, capture_output=True, text=True)
+    if proc.returncode != 0:
+        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-30:])
+        raise ReproduceError(f"jupyter-book build failed (exit {proc.returncode}):\n{tail}")
+    return book / "_build" / "html" / "index.html"
+
+
+def write_generated(book: Path, primary: str | None = None) -> None:
+    """``book/generated/answer.md`` (the introduction's numbers, glued from each model's pages)
+    and ``timings.md`` (time per notebook, from each run.json)."""
+    gen = book / "generated"
+    gen.mkdir(parents=True, exist_ok=True)
+    results = book / "results"
+    models = sorted(p.name for p in results.iterdir() if (p / "run.json").exists()) if results.exists() else []
+    if primary in models:
+        models.remove(primary)
+        models.insert(0, primary)
+    parts = []
+    figure_done = False
+    for m in models:
+        d = results / m
+        have = {p.stem for p in d.glob("*.ipynb")}
+        info = json.loads((d / "run.json").read_text())
+
+        def g(stem: str, key: str, fmt: str = "s") -> str:
+            return f"{{glue:text}}`results/{m}/{stem}.ipynb::{key}:{fmt}`"
+
+        lines = [f"### {info['model']} (profile `{info['profile']}`)", ""]
+        if "01_entropy_compartments" in have:
+            nb = "01_entropy_compartments"
+            lines.append(f"- **Compartments.** CKA splits the depth into {g(nb, 'n_compartments', 'd')} compartments "
+                         f"({g(nb, 'compartments')}); the most informative layer is id {g(nb, 's1_max_layer', 'd')} "
+                         f"(S₁ = {g(nb, 's1_max', '.2f')} nats) on {g(nb, 'n_tokens')} positions.")
+        if "03_aggregate_entropy" in have:
+            nb = "03_aggregate_entropy"
+            lines.append(f"- **The default rule** {g(nb, 'default_ids')} ranks {g(nb, 'default_rank', 'd')} of "
+                         f"{g(nb, 'n_sets')} three-layer sets by aggregate entropy (S₂ = {g(nb, 'default_s2', '.3f')} "
+                         f"nats; best {g(nb, 'best_ids')}, {g(nb, 'best_s2', '.3f')} nats).")
+        if "04_token_filtering" in have:
+            nb = "04_token_filtering"
+            lines.append(f"- **Token-entropy filtering** ({g(nb, 'filter')}) keeps {g(nb, 'kept_percent', '.1f')} % "
+                         f"of positions; the combined selection picks {g(nb, 'sel_filtered')} on them and "
+                         f"{g(nb, 'sel_random')} on a random subset of the same size.")
+        if "05_layer_selection" in have:
+            nb = "05_layer_selection"
+            lines.append(f"- **Selection.** {g(nb, 'n_differ', 'd')} of {g(nb, 'n_methods', 'd')} methods move away "
+                         f"from the default; aggregate entropy picks {g(nb, 'ids_aggregate')}, the combined score "
+                         f"{g(nb, 'ids_combined')} (largest S₂ gain over the default "
+                         f"{g(nb, 'best_gain', '+.3f')} nats, {g(nb, 'best_method')}).")
+        fig = d / "figures" / "01_entropy_depth.png"
+        if not figure_done and fig.exists():
+            lines += ["", f"```{{figure}} results/{m}/figures/01_entropy_depth.png", ":name: fig-key-entropy",
+                      ":width: 100%", "",
+                      f"Matrix entropy across depth of {info['model']} (α = 1 top, α = 2 bottom; nats left, "
+                      "normalised right), CKA compartments shaded, default EAGLE-3 layers dotted. "
+                      "Details in the results chapter.", "```"]
+            figure_done = True
+        parts.append("\n".join(lines))
+    if not parts:
+        parts = ["No results yet: run `wavesurf reproduce --model smollm2-135m --profile default`."]
+    (gen / "answer.md").write_text("\n\n".join(parts) + "\n")
+
+    rows = ["| model | profile | notebook | seconds | finished |", "|---|---|---|---:|---|"]
+    hw_lines = []
+    for d in [results / m for m in models] + [book / ACROSS_DIR]:
+        if not (d / "run.json").exists():
+            continue
+        info = json.loads((d / "run.json").read_text())
+        where = "all models" if d.name == ACROSS_DIR else info["model"]
+        for stem, v in info["notebooks"].items():
+            rows.append(f"| {where} | {info['profile']} | {stem} | {v['seconds']:.1f} | {v['finished']} |")
+        hw = info.get("hardware", {})
+        hw_lines.append(f"- {where}: {hw.get('processor')} with {hw.get('cpu_count')} CPU cores, "
+                        f"{hw.get('torch_threads')} torch threads, GPU {hw.get('gpu') or 'none'}, "
+                        f"Python {hw.get('python')}, torch {hw.get('torch')}")
+    text = "\n".join(rows) + "\n\nMachines:\n\n" + ("\n".join(hw_lines) or "- (no run yet)") + "\n"
+    (gen / "timings.md").write_text(text)
