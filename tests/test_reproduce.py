@@ -1,0 +1,240 @@
+"""Profiles, notebook parameters, the shared-capture analyses of the notebooks, and the reproduce
+pipeline (papermill into a staging dir, atomic swap, failures kept outside the book)."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from wavesurf import paper
+from wavesurf.profiles import PROFILES, ProfileError, get_profile, profile_names
+from wavesurf.reproduce import (
+    ReproduceError,
+    discover_notebooks,
+    reproduce,
+    select_notebooks,
+    write_generated,
+)
+
+from .conftest import SMALL
+
+
+# ---------------------------------------------------------------------------------------------
+def test_profiles_and_unknown_profile():
+    assert profile_names() == ["smoke", "default", "paper"]
+    for name in profile_names():
+        p = get_profile(name)
+        assert set(p["analysis"]) >= {"max_tokens", "estimator", "selection_filter", "sweep_filters"}
+        assert "drafter" in p  # room for the drafter settings
+    get_profile("smoke")["analysis"]["max_tokens"] = -1  # a copy: the table is untouched
+    assert PROFILES["smoke"]["analysis"]["max_tokens"] > 0
+    with pytest.raises(ProfileError, match="unknown profile 'fast'.*smoke, default, paper"):
+        get_profile("fast")
+
+
+def test_smoke_profile_shares_the_unit_tests_analysis():
+    """The smoke base analysis is the conftest SMALL analysis (one cached result for both)."""
+    params = paper.check_parameters("smollm2-135m", "sharegpt", None, "smoke", 0, "cpu")
+    base = paper.analysis_variants(params)["base"]
+    for k, v in SMALL.items():
+        assert getattr(base, k) == v
+    assert base.filter == "none" and base.estimator == "auto" and not base.include_position0
+
+
+@pytest.mark.parametrize("name,value,bad", [
+    ("model", "", "model=''"), ("model", 3, "model=3"),
+    ("dataset", "wikipedia", "dataset='wikipedia'"),
+    ("max_tokens", "lots", "max_tokens='lots'"), ("max_tokens", 0, "max_tokens=0"), ("max_tokens", True, "max_tokens=True"),
+    ("profile", "fast", "unknown profile 'fast'"),
+    ("seed", -1, "seed=-1"), ("seed", 1.5, "seed=1.5"),
+    ("device", "gpu", "device='gpu'"),
+])
+def test_check_parameters_rejects_bad_values(name, value, bad):
+    args = {"model": "smollm2-135m", "dataset": "sharegpt", "max_tokens": None, "profile": "smoke", "seed": 0,
+            "device": "auto", name: value}
+    with pytest.raises(ValueError, match=bad.replace("(", r"\(").replace(")", r"\)")):
+        paper.check_parameters(**args)
+
+
+def test_check_parameters_accepts_good_values():
+    p = paper.check_parameters("gemma3-270m", "mt-bench", 5000, "paper", 3, "cuda:1")
+    assert (p.model, p.max_tokens, p.profile, p.device) == ("gemma3-270m", 5000, "paper", "cuda:1")
+    variants = paper.analysis_variants(p)
+    assert {"base", "position0", "selection"} <= set(variants)
+    assert all(v.max_tokens == 5000 and v.split is None for v in variants.values())  # mt-bench is used whole
+    assert variants["position0"].include_position0 and not variants["base"].include_position0
+    assert [n for n in variants if n.startswith("sweep:")] == [f"sweep:{f}" for f in get_profile("paper")["analysis"]["sweep_filters"]]
+
+
+# ---------------------------------------------------------------------------------------------
+def test_closed_forms_match_exact_entropies(small_stats):
+    """alpha=2 aggregate entropy and redundancy from purities + CKA equal the eigenvalue versions."""
+    sets = [[2, 15, 27], [1, 2], [5, 20, 29, 30]]
+    for s in sets:
+        assert paper.aggregate_entropy2(small_stats, [s])[0] == pytest.approx(small_stats.aggregate_entropy(s, alpha=2.0), abs=1e-5)
+        assert paper.redundancy2(small_stats, [s])[0] == pytest.approx(small_stats.redundancy(s, alpha=2.0), abs=1e-5)
+    m = paper.pair_matrix(small_stats)
+    assert m.shape == (31, 31) and np.allclose(m, m.T)
+    assert np.allclose(np.diag(m), small_stats.entropy2, atol=1e-8)  # a single layer: its own S2
+    assert np.all(paper.redundancy2(small_stats, paper.all_subsets(range(1, 31), 2)) >= -1e-9)
+    with pytest.raises(Exception, match="layer id 99"):
+        paper.aggregate_entropy2(small_stats, [[1, 99]])
+
+
+def test_subsets_rank_and_ids():
+    assert paper.all_subsets(range(1, 31), 3).shape == (4060, 3)
+    assert paper.rank_of(np.array([3.0, 2.0, 1.0]), 2.0) == (2, 1 / 3)
+    assert paper.fmt_ids(np.array([2, 15, 27])) == "[2, 15, 27]"
+
+
+def test_selection_and_sweep_rows(small_stats, tmp_path):
+    rows = paper.selection_rows(small_stats, k=3)
+    assert [r["method"] for r in rows] == ["default", "entropy", "aggregate", "cka", "combined"]
+    assert rows[0]["layer_ids"] == "2 15 27" and rows[0]["sglang_layer_ids"] == "1 14 26"
+    assert rows[0]["delta_aggregate_entropy2_vs_default"] == 0
+    agg = next(r for r in rows if r["method"] == "aggregate")
+    assert agg["aggregate_entropy2_nats"] >= rows[0]["aggregate_entropy2_nats"] - 0.05  # re-ranked by alpha=1
+    path = paper.write_csv(rows, tmp_path / "t" / "sel.csv")
+    assert path.read_text().splitlines()[0].startswith("method,layer_ids,")
+    sweep = paper.sweep_rows({"base": small_stats})
+    assert len(sweep) == 1 and sweep[0]["subset"] == "all" and sweep[0]["kept_fraction"] == 1.0
+    with pytest.raises(Exception, match="no random control"):
+        paper.control_view(small_stats)
+
+
+def test_cached_results_match_settings_exactly(small_stats):
+    from dataclasses import replace
+
+    from wavesurf.stats.analysis import AnalysisSettings
+
+    settings = AnalysisSettings(**SMALL)
+    found = paper.cached_results(settings)
+    assert "smollm2-135m" in [s.meta["model"] for s in found]
+    other = replace(settings, max_tokens=SMALL["max_tokens"] + 1)
+    assert "smollm2-135m" not in [s.meta["model"] for s in paper.cached_results(other)]
+
+
+def test_profile_stats_one_capture_equals_separate_analyses(smollm, monkeypatch):
+    """Variants computed from one shared capture equal what analyze() computes alone."""
+    from wavesurf.stats.analysis import analysis_key, analyze, result_dir
+
+    monkeypatch.setitem(PROFILES, "tiny", {"description": "test", "drafter": {}, "analysis": {
+        "max_tokens": 900, "max_len": 96, "batch_tokens": 768, "pilot_tokens": 8192, "estimator": "minibatch",
+        "selection_filter": "q0.25", "selection_estimator": "minibatch", "sweep_filters": [],
+        "sweep_estimator": "minibatch", "minibatch_size": 64}})
+    params = paper.check_parameters("smollm2-135m", "sharegpt", None, "tiny", 0, "cpu")
+    variants = paper.analysis_variants(params)
+    for s in variants.values():  # start from an empty cache for these settings
+        shutil.rmtree(result_dir(smollm.name, analysis_key(smollm, s)[0]), ignore_errors=True)
+    got = paper.profile_stats(smollm, params, progress=False)
+    assert set(got) == {"base", "position0", "selection"}
+    assert got["base"].meta["shared_capture"]["variants"] == 3
+    alone = analyze(smollm, variants["selection"], use_cache=False, progress=False)
+    np.testing.assert_allclose(got["selection"].entropy, alone.entropy, rtol=1e-6)
+    np.testing.assert_allclose(got["selection"].cka, alone.cka, rtol=1e-5, atol=1e-6)
+    assert got["selection"].meta["filter"] == alone.meta["filter"]
+    assert got["position0"].main.n_tokens > got["base"].main.n_tokens  # position 0 rows are added
+    again = paper.profile_stats(smollm, params, ["selection"], progress=False)  # from the cache now
+    assert again["selection"].path is not None and "shared_capture" in again["selection"].meta
+    with pytest.raises(ValueError, match="unknown analysis variant"):
+        paper.profile_stats(smollm, params, ["sweep:q0.9"])
+
+
+# ---------------------------------------------------------------------------------------------
+def test_notebook_selection_by_number_or_name():
+    specs = discover_notebooks()
+    assert [s.number for s in specs][:5] == ["01", "02", "03", "04", "05"]
+    assert [s.stem for s in select_notebooks(specs, "03,01")] == ["01_entropy_compartments", "03_aggregate_entropy"]
+    assert [s.number for s in select_notebooks(specs, ["02_cka_dynamics"])] == ["02"]
+    assert select_notebooks(specs, None) == specs
+    with pytest.raises(ReproduceError, match="unknown notebook.*'09'.*available: 01_entropy_compartments"):
+        select_notebooks(specs, "01,09")
+
+
+NB_OK = '''# %% [markdown]
+# # A page
+
+# %% tags=["parameters"]
+model = "x"
+dataset = "sharegpt"
+max_tokens = None
+profile = "default"
+seed = 0
+device = "auto"
+
+# %%
+from pathlib import Path
+Path("figures").mkdir(exist_ok=True)
+Path("figures/01_plot.png").write_bytes(b"new " + profile.encode())
+print(model, profile)
+'''
+NB_FAIL = '''# %% [markdown]
+# # Broken
+
+# %% tags=["parameters"]
+model = "x"
+profile = "default"
+
+# %%
+x = 1
+
+# %%
+raise RuntimeError("boom in the third cell")
+'''
+
+
+def _project(tmp_path: Path, notebooks: dict[str, str]) -> Path:
+    (tmp_path / "notebooks").mkdir()
+    (tmp_path / "book").mkdir()
+    for name, text in notebooks.items():
+        (tmp_path / "notebooks" / name).write_text(text)
+    return tmp_path
+
+
+def test_reproduce_publishes_atomically_and_keeps_failures_outside(tmp_path):
+    root = _project(tmp_path, {"01_ok.py": NB_OK})
+    lines: list[str] = []
+    out = reproduce("smollm2-135m", "smoke", root=root, build=False, progress=False, say=lines.append)
+    page = root / "book" / "results" / "smollm2-135m"
+    assert (page / "01_ok.ipynb").exists() and (page / "figures" / "01_plot.png").read_bytes() == b"new smoke"
+    nb = json.loads((page / "01_ok.ipynb").read_text())
+    assert "".join(nb["cells"][0]["source"]).startswith("# A page (smollm2-135m)")  # per-model page title
+    assert any("smollm2-135m smoke" in "".join(o.get("text", "")) for c in nb["cells"] for o in c.get("outputs", []))
+    run = json.loads((page / "run.json").read_text())
+    assert run["profile"] == "smoke" and "01_ok" in run["notebooks"] and out["notebooks"]["01_ok"] > 0
+    assert any(line.startswith("[1/1] 01_ok") and "remaining" in line for line in lines)
+    assert "01_ok" in (root / "book" / "generated" / "timings.md").read_text()
+
+    # a failing notebook: the run stops naming notebook and cell; published pages stay as they were
+    (root / "notebooks" / "02_broken.py").write_text(NB_FAIL)
+    before = sorted(p.relative_to(page) for p in page.rglob("*"))
+    with pytest.raises(ReproduceError, match=r"02_broken failed in cell \d+.*RuntimeError: boom.*kept at"):
+        reproduce("smollm2-135m", "smoke", root=root, build=False, progress=False, say=lines.append)
+    assert sorted(p.relative_to(page) for p in page.rglob("*")) == before
+    kept = root / "runs" / "reproduce" / "failed" / "smollm2-135m" / "02_broken.ipynb"
+    assert kept.exists() and "boom" in kept.read_text()
+    assert not list((root / "runs" / "reproduce").glob("staging-*"))
+
+    # another model adds pages without touching the first one's
+    reproduce("gemma3-270m", "smoke", only="01", root=root, build=False, progress=False, say=lines.append)
+    assert (root / "book" / "results" / "gemma3-270m" / "01_ok.ipynb").exists() and (page / "01_ok.ipynb").exists()
+    answer = (root / "book" / "generated" / "answer.md").read_text()
+    assert "gemma3-270m" in answer and "smollm2-135m" in answer
+
+
+def test_reproduce_rejects_bad_input_before_running(tmp_path):
+    root = _project(tmp_path, {"01_ok.py": NB_OK})
+    with pytest.raises(ProfileError, match="unknown profile 'turbo'"):
+        reproduce("smollm2-135m", "turbo", root=root, build=False)
+    with pytest.raises(ReproduceError, match="unknown notebook"):
+        reproduce("smollm2-135m", "smoke", only="7", root=root, build=False)
+    assert not (root / "book" / "results").exists()
+
+
+def test_generated_pages_without_results(tmp_path):
+    write_generated(tmp_path)
+    assert "No results yet" in (tmp_path / "generated" / "answer.md").read_text()
+    assert "no run yet" in (tmp_path / "generated" / "timings.md").read_text()
