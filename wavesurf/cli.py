@@ -235,6 +235,39 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench(args: argparse.Namespace) -> int:
+    from .bench import METHODS, run_bench, untrained_head
+    from .drafter.decode import _check_run, make_tree
+    from .models import load_target
+
+    methods = [m for m in args.methods.split(",") if m]
+    bad = [m for m in methods if m not in METHODS]
+    if bad:
+        raise ValueError(f"--methods {bad} not allowed; choose from {', '.join(METHODS)}")
+    make_tree(args.mode, draft_len=args.draft_len, depth=args.depth, top_k=args.top_k, total_tokens=args.total_tokens)
+    _check_run(args.max_new_tokens, args.temperature)  # bad options fail before the model loads
+    target = load_target(args.model, device=args.device)
+    drafter_id = None
+    if args.drafter == "untrained":
+        head = untrained_head(target)
+    else:
+        from pathlib import Path
+
+        from .cache import file_sha256
+        from .drafter.head import HEAD_WEIGHTS, load_head
+
+        head, _ = load_head(args.drafter, target, device=target.device)
+        drafter_id = file_sha256(Path(args.drafter) / HEAD_WEIGHTS)[:16]
+    result = run_bench(
+        target, head, args.dataset, n_prompts=args.n_prompts, max_new_tokens=args.max_new_tokens, mode=args.mode,
+        draft_len=args.draft_len, depth=args.depth, top_k=args.top_k, total_tokens=args.total_tokens,
+        temperature=args.temperature, seed=args.seed, methods=methods, prompt_lookup_tokens=args.prompt_lookup_tokens,
+        max_prompt_tokens=args.max_prompt_tokens, use_cache=not args.no_cache, progress=not args.quiet,
+        drafter_id=drafter_id)
+    _print_json({**result.summary, "key": result.key, "results": str(result.path) if result.path else None})
+    return 0
+
+
 def _add_analysis_options(p: argparse.ArgumentParser) -> None:
     from .stats.filtering import FILTER_HELP
 
@@ -401,6 +434,37 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--allow-download", action="store_true", help="let transformers download a Hugging Face model")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("bench", help="acceptance length and speedup of a drafter against baselines",
+                       description="Speculative decoding with a drafter vs HF generate (greedy reference), our plain "
+                                   "KV-cached loop and HF prompt-lookup decoding, batch size 1, methods interleaved per "
+                                   "prompt, warm-up excluded. tau = tokens / target forwards after the prefill (bonus "
+                                   "token counted); speedup = mean tokens/s / mean tokens/s of HF greedy; at T=0 each "
+                                   "output is checked against HF greedy (lossless). Writes rows.csv + summary.json to "
+                                   "the results cache and prints the summary.")
+    p.add_argument("--model", default=DEFAULT_MODEL, help=f"embedded name, local directory or HF id (default {DEFAULT_MODEL})")
+    p.add_argument("--drafter", required=True,
+                   help="drafter directory (from `wavesurf train`), or 'untrained' for a smoke run (tau ~ 1)")
+    p.add_argument("--dataset", choices=["mt-bench", "humaneval", "sharegpt"], default="mt-bench",
+                   help="mt-bench (two turns), humaneval, or sharegpt (its held-out split) (default mt-bench)")
+    p.add_argument("--n-prompts", type=_positive_int, default=10, help="prompts (default 10)")
+    p.add_argument("--max-new-tokens", type=_positive_int, default=128, help="new tokens per turn (default 128)")
+    p.add_argument("--max-prompt-tokens", type=_positive_int, default=512, help="skip longer prompts (default 512)")
+    p.add_argument("--mode", choices=["chain", "tree"], default="chain", help="chain of --draft-len tokens or a dynamic tree (default chain)")
+    p.add_argument("--draft-len", type=_positive_int, default=4, help="chain: draft tokens per cycle (default 4)")
+    p.add_argument("--depth", type=_positive_int, default=5, help="tree: most draft tokens on one path (default 5)")
+    p.add_argument("--top-k", type=_positive_int, default=4, help="tree: children per expanded node and nodes expanded per level (default 4)")
+    p.add_argument("--total-tokens", type=_positive_int, default=16, help="tree: draft tokens verified per cycle (default 16)")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples (lossless in law)")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    p.add_argument("--methods", default=",".join(("hf_generate", "plain", "hf_prompt_lookup", "eagle3")),
+                   help="comma-separated subset of hf_generate,plain,hf_prompt_lookup,eagle3 (hf_generate always runs)")
+    p.add_argument("--prompt-lookup-tokens", type=_positive_int, default=10, help="HF prompt_lookup_num_tokens (default 10)")
+    p.add_argument("--no-cache", action="store_true", help="rerun and do not store the result")
+    p.add_argument("--device", default="auto", help="auto (CUDA if present), cpu, cuda, cuda:N")
+    p.add_argument("--allow-download", action="store_true", help="let transformers download a Hugging Face model")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_bench)
     return parser
 
 

@@ -1,0 +1,91 @@
+"""Is greedy speculative decoding token-identical to HF ``generate(do_sample=False)``?
+
+Runs MT-bench (turn 1), HumanEval and held-out ShareGPT prompts on the embedded targets and prints,
+per target and dataset, how many outputs are identical, how many near-tie re-checks were made and
+where any mismatch starts.
+
+Drafters: ``untrained`` (default; a deterministic untrained head, drafts are rejected, every
+decision is read from a multi-token verify forward), ``oracle`` (a head that ranks HF's own
+continuation first or second, from ``tests/drafter/test_decode.py``: long accepted paths and
+non-contiguous cache rows), or a drafter directory (``save_head`` output; needs one --targets).
+
+    WAVESURF_THREADS=1 OMP_NUM_THREADS=1 python benchmarks/lossless.py --n-per-dataset 34
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def main() -> None:
+    from wavesurf.bench import bench_prompts, prompt_ids, untrained_head
+    from wavesurf.drafter.decode import DEFAULT_TIE_EPS, SpeculativeDecoder, hf_generate, make_tree
+    from wavesurf.drafter.head import load_head
+    from wavesurf.models import configure_torch, load_target
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--targets", default="smollm2-135m,gemma3-270m")
+    ap.add_argument("--datasets", default="mt-bench,humaneval,sharegpt")
+    ap.add_argument("--n-per-dataset", type=int, default=34, help="prompts per dataset and target (default 34)")
+    ap.add_argument("--max-new-tokens", type=int, default=48)
+    ap.add_argument("--mode", choices=["chain", "tree"], default="chain")
+    ap.add_argument("--draft-len", type=int, default=4)
+    ap.add_argument("--depth", type=int, default=4)
+    ap.add_argument("--top-k", type=int, default=3)
+    ap.add_argument("--total-tokens", type=int, default=10)
+    ap.add_argument("--tie-eps", type=float, default=DEFAULT_TIE_EPS)
+    ap.add_argument("--drafter", default="untrained", help="untrained, oracle, or a drafter directory")
+    args = ap.parse_args()
+    configure_torch()
+    tree = make_tree(args.mode, draft_len=args.draft_len, depth=args.depth, top_k=args.top_k,
+                     total_tokens=args.total_tokens)
+    report: dict = {"settings": {**vars(args), "tree": tree.describe()}, "targets": {}}
+    total = same = 0
+    t0 = time.perf_counter()
+    for name in args.targets.split(","):
+        target = load_target(name, device="cpu")
+        per: dict = {}
+        for ds in args.datasets.split(","):
+            prompts = bench_prompts(ds, args.n_per_dataset, target, max_prompt_tokens=384)
+            stats = {"prompts": 0, "identical": 0, "tie_rechecks": 0, "mean_tau": 0.0, "mismatches": []}
+            for p in prompts:
+                ids = prompt_ids(target, p, [])
+                ref = hf_generate(target, ids, args.max_new_tokens).tokens
+                if args.drafter == "untrained":
+                    head = untrained_head(target)
+                elif args.drafter == "oracle":
+                    from tests.drafter.test_decode import OracleHead
+
+                    head = OracleHead(target, list(map(int, ids)) + ref, miss_every=3)
+                else:
+                    head, _ = load_head(args.drafter, target)
+                got = SpeculativeDecoder(target, head, tree, tie_eps=args.tie_eps).generate(ids, args.max_new_tokens)
+                stats["prompts"] += 1
+                stats["tie_rechecks"] += got.tie_rechecks
+                stats["mean_tau"] += got.tau / len(prompts)
+                if got.tokens == ref:
+                    stats["identical"] += 1
+                else:
+                    first = next((i for i, (a, b) in enumerate(zip(got.tokens, ref)) if a != b), min(len(got.tokens), len(ref)))
+                    stats["mismatches"].append({"prompt": p.id, "first_diff_at": first})
+                print(f"{name} {ds} {p.id}: {'ok' if got.tokens == ref else 'DIFF'} tau={got.tau:.2f} "
+                      f"rechecks={got.tie_rechecks}", file=sys.stderr, flush=True)
+            stats["mean_tau"] = round(stats["mean_tau"], 3)
+            per[ds] = stats
+            total += stats["prompts"]
+            same += stats["identical"]
+        report["targets"][name] = per
+    report["identical"] = f"{same}/{total}"
+    report["seconds"] = round(time.perf_counter() - t0, 1)
+    print(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()

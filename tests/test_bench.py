@@ -1,0 +1,82 @@
+"""The benchmark on the real SmolLM2 with small budgets: tidy rows, two MT-bench turns, losslessness
+recorded, the results cache keyed by every parameter, bad settings refused before any work."""
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+
+from wavesurf.bench import (
+    METHODS, BenchError, BenchPrompt, bench_prompts, head_fingerprint, prompt_ids, run_bench, untrained_head,
+)
+from wavesurf.cli import main
+
+
+@pytest.fixture()
+def tmp_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("WAVESURF_CACHE", str(tmp_path))
+    return tmp_path
+
+
+def test_run_bench_rows_summary_and_cache(smollm, tmp_cache):
+    head = untrained_head(smollm)
+    kw = dict(n_prompts=1, max_new_tokens=6, mode="chain", draft_len=3, progress=False)
+    res = run_bench(smollm, head, "mt-bench", **kw)
+    assert [r["method"] for r in res.rows] == list(METHODS)
+    for r in res.rows:
+        assert r["turns"] == 2 and r["prompt_id"] == "mt-bench/81"
+        assert 2 <= r["new_tokens"] <= 12 and r["lossless"] is True  # every method equals HF greedy
+        assert r["tokens_per_second"] > 0 and r["seconds"] > 0
+    spec = next(r for r in res.rows if r["method"] == "eagle3")
+    # tau = tokens after each turn's first / forwards after each turn's prefill
+    assert spec["tau"] == pytest.approx((spec["new_tokens"] - 2) / (spec["target_forwards"] - 2), abs=1e-3)
+    m = res.summary["methods"]
+    assert m["hf_generate"]["speedup"] == 1.0 and m["eagle3"]["lossless"] == "1/1"
+    assert res.path is not None and (res.path / "summary.json").is_file()
+    with open(res.path / "rows.csv") as fh:
+        assert len(list(csv.DictReader(fh))) == len(METHODS)
+    assert json.loads((res.path / "summary.json").read_text())["settings"]["drafter"] == head_fingerprint(head)
+    again = run_bench(smollm, head, "mt-bench", **kw)  # served from the cache: same key, same numbers
+    assert again.key == res.key and again.rows[0]["seconds"] == res.rows[0]["seconds"]
+    other = untrained_head(smollm, seed=1)  # another drafter is never served this result
+    assert head_fingerprint(other) != head_fingerprint(head)
+
+
+def test_second_mt_bench_turn_follows_the_first_answer(smollm):
+    p = bench_prompts("mt-bench", 1, smollm)[0]
+    one = smollm.tokenizer.decode(prompt_ids(smollm, p, []))
+    two = smollm.tokenizer.decode(prompt_ids(smollm, p, ["MY ANSWER"]))
+    assert p.turns[0] in one and p.turns[1] not in one
+    assert two.index(p.turns[0]) < two.index("MY ANSWER") < two.index(p.turns[1])
+    assert two.rstrip().endswith("assistant")  # ends with the generation prompt
+
+
+def test_plain_text_prompts_for_models_without_a_template(smollm):
+    class NoTemplate:  # the same real tokenizer, used as a base model would be
+        tokenizer, has_chat_template = smollm.tokenizer, False
+
+    p = BenchPrompt("x", ["first?", "second?"])
+    text = smollm.tokenizer.decode(prompt_ids(NoTemplate, p, ["ans"]))
+    assert text.endswith("User: first?\n\nAssistant: ans\n\nUser: second?\n\nAssistant:")
+    raw = BenchPrompt("he", ["def f(x):\n"], raw=True)
+    assert smollm.tokenizer.decode(prompt_ids(NoTemplate, raw, [])) == "def f(x):\n"
+
+
+def test_bad_settings_are_refused(smollm, tmp_cache):
+    head = untrained_head(smollm)
+    with pytest.raises(BenchError, match="dataset='gsm8k'"):
+        run_bench(smollm, head, "gsm8k", n_prompts=1)
+    with pytest.raises(BenchError, match="beam"):
+        run_bench(smollm, head, "mt-bench", n_prompts=1, methods=["beam"])
+    with pytest.raises(BenchError, match="n_prompts=0"):
+        run_bench(smollm, head, "mt-bench", n_prompts=0)
+    assert not (tmp_cache / "results").exists()  # nothing half-written
+
+
+def test_cli_bench_refuses_bad_tree_before_loading(capsys, tmp_cache):
+    code = main(["bench", "--drafter", "untrained", "--mode", "tree", "--depth", "5", "--total-tokens", "3"])
+    assert code == 2
+    assert "total_tokens=3 is smaller than depth=5" in capsys.readouterr().err
+    code = main(["bench", "--drafter", "untrained", "--methods", "hf_generate,warp"])
+    assert code == 2 and "warp" in capsys.readouterr().err

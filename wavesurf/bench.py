@@ -1,0 +1,326 @@
+"""Acceptance length and speedup of EAGLE-3 speculative decoding against baselines, batch size 1.
+
+Per prompt the methods run interleaved (the order rotates from prompt to prompt, so slow drift of
+the machine cancels): HF ``generate`` greedy (the reference), our plain KV-cached loop, HF
+prompt-lookup decoding, and speculative decoding with the drafter. Warm-up runs are excluded.
+
+Definitions (``shared/reference/eagle3.md`` 3.3): ``tau`` = tokens committed after the prefill /
+target forwards after the prefill (the target's bonus token counts; a prompt's first token and
+its prefill forward do not). ``speedup`` of a method = mean over prompts of its tokens/s / mean
+over prompts of HF greedy's tokens/s. At T=0 every method's output is compared with HF greedy
+(``lossless`` column).
+
+MT-bench is multi-turn: turn 2 is asked after the model's own turn-1 answer (HF greedy's, the
+same context for every method); a row sums both turns. Prompts use the target's chat template when
+it has one, else a plain ``User: ... / Assistant:`` transcript (HumanEval: the raw code prompt).
+
+Results are cached under ``cache_root()/results/bench/<key>/`` (``rows.csv``, ``summary.json``,
+manifest); the key covers every parameter, the drafter's weights (sha256), the package version,
+the device and the thread count.
+"""
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import platform
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .cache import atomic_directory, cache_root, params_key, read_manifest, write_manifest
+from .errors import DatasetError, WavesurfError
+
+BENCH_DATASETS = ("mt-bench", "humaneval", "sharegpt")
+METHODS = ("hf_generate", "plain", "hf_prompt_lookup", "eagle3")
+ROW_FIELDS = ("prompt_id", "dataset", "method", "turns", "prompt_tokens", "new_tokens", "target_forwards",
+              "tau", "mean_accepted", "tie_rechecks", "seconds", "tokens_per_second", "lossless")
+
+
+class BenchError(WavesurfError, ValueError):
+    """Bad benchmark settings."""
+
+
+@dataclass
+class BenchPrompt:
+    """One benchmark item: its user turns (MT-bench has two) or a raw text prompt."""
+
+    id: str
+    turns: list[str]
+    raw: bool = False  # True: the text is fed as is (HumanEval on a model without a chat template)
+
+
+@dataclass
+class BenchResult:
+    rows: list[dict]  # one per prompt x method, fields ROW_FIELDS
+    summary: dict
+    key: str
+    path: Path | None = None
+    settings: dict = field(default_factory=dict)
+
+
+# ---------------------------------------------------------------------------------------------
+# prompts
+def bench_prompts(dataset: str, n_prompts: int, target: Any, max_prompt_tokens: int = 512,
+                  split_seed: int = 0) -> list[BenchPrompt]:
+    """The first ``n_prompts`` items of ``dataset`` whose first turn fits ``max_prompt_tokens``:
+    MT-bench (both turns), HumanEval, ShareGPT's held-out split (first user message)."""
+    from .data import load_corpus
+
+    if dataset not in BENCH_DATASETS:
+        raise BenchError(f"dataset={dataset!r} is not one of {', '.join(BENCH_DATASETS)}")
+    if not isinstance(n_prompts, int) or n_prompts < 1:
+        raise BenchError(f"n_prompts={n_prompts!r} must be a positive integer")
+    corpus = load_corpus(dataset, split="heldout" if dataset == "sharegpt" else None, seed=split_seed)
+    out: list[BenchPrompt] = []
+    for ex in corpus.examples:
+        if dataset == "mt-bench":
+            p = BenchPrompt(ex.id, list(ex.meta["turns"]))
+        elif dataset == "humaneval":
+            p = BenchPrompt(ex.id, [ex.meta["prompt"]], raw=not target.has_chat_template)
+        else:
+            users = [m["content"] for m in ex.messages or [] if m["role"] == "user"]
+            if not users or not users[0].strip():
+                continue
+            p = BenchPrompt(ex.id, [users[0]])
+        if len(prompt_ids(target, p, [])) > max_prompt_tokens:
+            continue
+        out.append(p)
+        if len(out) == n_prompts:
+            return out
+    raise DatasetError(f"{dataset} has only {len(out)} prompts of at most {max_prompt_tokens} tokens; "
+                       f"ask for n_prompts <= {len(out)} or raise max_prompt_tokens")
+
+
+def prompt_ids(target: Any, prompt: BenchPrompt, answers: Sequence[str]) -> list[int]:
+    """Token ids asking turn ``len(answers)`` of ``prompt`` after the earlier ``answers``."""
+    tok = target.tokenizer
+    k = len(answers)
+    if prompt.raw:
+        return tok(prompt.turns[0], add_special_tokens=True)["input_ids"]
+    if target.has_chat_template:
+        messages = []
+        for i in range(k + 1):
+            messages.append({"role": "user", "content": prompt.turns[i]})
+            if i < k:
+                messages.append({"role": "assistant", "content": answers[i]})
+        text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        return tok(text, add_special_tokens=False)["input_ids"]
+    text = ""
+    for i in range(k + 1):
+        text += f"User: {prompt.turns[i]}\n\nAssistant:"
+        if i < k:
+            text += f" {answers[i]}\n\n"
+    return tok(text, add_special_tokens=True)["input_ids"]
+
+
+# ---------------------------------------------------------------------------------------------
+def head_fingerprint(head: Any) -> str:
+    """sha256 (16 hex) of the head's config and every tensor (weights, d2t, t2d): the drafter's identity."""
+    digest = hashlib.sha256(json.dumps(head.config.to_dict(), sort_keys=True).encode())
+    for name, t in sorted(head.state_dict().items()):
+        digest.update(name.encode())
+        digest.update(t.detach().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
+def untrained_head(target: Any, layer_ids: Sequence[int] | None = None, draft_vocab_size: int = 8192, seed: int = 0):
+    """A deterministic untrained head (vocabulary: the first ``draft_vocab_size`` ids) for smoke
+    runs and losslessness checks; it accepts almost nothing, so tau ~ 1."""
+    import torch
+
+    from .drafter.head import DraftConfig, DraftHead, init_head
+
+    v = min(draft_vocab_size, target.vocab_size)
+    head = init_head(DraftHead(DraftConfig.for_target(target, list(layer_ids or target.default_layer_ids()), v)), seed=seed)
+    head.set_vocab(torch.arange(v))
+    return head.eval()
+
+
+def _run_method(method: str, target: Any, decoder: Any, ids: list[int], max_new_tokens: int, temperature: float,
+                seed: int, prompt_lookup: int):
+    from .drafter.decode import greedy_generate, hf_generate
+
+    if method == "hf_generate":
+        return hf_generate(target, ids, max_new_tokens, temperature, seed)
+    if method == "plain":
+        return greedy_generate(target, ids, max_new_tokens, temperature, seed)
+    if method == "hf_prompt_lookup":
+        return hf_generate(target, ids, max_new_tokens, temperature, seed, prompt_lookup_num_tokens=prompt_lookup)
+    return decoder.generate(ids, max_new_tokens, temperature, seed)
+
+
+def run_bench(
+    target: Any,
+    head: Any,
+    dataset: str = "mt-bench",
+    *,
+    n_prompts: int = 10,
+    max_new_tokens: int = 128,
+    mode: str = "chain",
+    draft_len: int = 4,
+    depth: int = 5,
+    top_k: int = 4,
+    total_tokens: int = 16,
+    temperature: float = 0.0,
+    seed: int = 0,
+    methods: Sequence[str] = METHODS,
+    prompt_lookup_tokens: int = 10,
+    max_prompt_tokens: int = 512,
+    split_seed: int = 0,
+    warmup: int = 1,
+    use_cache: bool = True,
+    progress: bool = True,
+    drafter_id: str | None = None,
+) -> BenchResult:
+    """Benchmark ``head`` on ``target`` over ``n_prompts`` prompts of ``dataset``; see the module
+    docstring for the definitions. Returns tidy rows (one per prompt x method) and a summary."""
+    import torch
+    from tqdm.auto import tqdm
+
+    from . import __version__
+    from .drafter.decode import DEFAULT_TIE_EPS, SpeculativeDecoder, _check_run, make_tree
+
+    methods = list(methods)
+    bad = [m for m in methods if m not in METHODS]
+    if bad or not methods:
+        raise BenchError(f"methods {bad or methods} not allowed; choose from {', '.join(METHODS)}")
+    if "hf_generate" not in methods:
+        methods.insert(0, "hf_generate")  # the reference of speedup and losslessness
+    _check_run(max_new_tokens, temperature)
+    if dataset not in BENCH_DATASETS:
+        raise BenchError(f"dataset={dataset!r} is not one of {', '.join(BENCH_DATASETS)}")
+    if not isinstance(n_prompts, int) or isinstance(n_prompts, bool) or n_prompts < 1:
+        raise BenchError(f"n_prompts={n_prompts!r} must be a positive integer")
+    tree = make_tree(mode, draft_len=draft_len, depth=depth, top_k=top_k, total_tokens=total_tokens)
+    decoder = SpeculativeDecoder(target, head, tree) if "eagle3" in methods else None
+    settings = {
+        "model": target.name, "drafter": drafter_id or head_fingerprint(head), "dataset": dataset,
+        "split": "heldout" if dataset == "sharegpt" else None, "split_seed": split_seed, "n_prompts": n_prompts,
+        "max_new_tokens": max_new_tokens, **tree.describe(), "temperature": float(temperature), "seed": seed,
+        "methods": methods, "prompt_lookup_tokens": prompt_lookup_tokens, "max_prompt_tokens": max_prompt_tokens,
+        "warmup": warmup, "tie_eps": DEFAULT_TIE_EPS, "device": target.device, "threads": torch.get_num_threads(),
+        "wavesurf": __version__, "layer_ids": list(head.config.layer_ids),
+        "draft_vocab_size": head.config.draft_vocab_size,
+    }
+    key = params_key(settings)
+    path = cache_root() / "results" / "bench" / key
+    if use_cache and read_manifest(path) is not None:
+        return load_bench(path)
+
+    prompts = bench_prompts(dataset, n_prompts, target, max_prompt_tokens, split_seed)
+    for _ in range(warmup):  # warm-up (excluded): every method once on a short run
+        ids = prompt_ids(target, prompts[0], [])
+        for m in methods:
+            _run_method(m, target, decoder, ids, 8, temperature, seed, prompt_lookup_tokens)
+    rows: list[dict] = []
+    t_start = time.perf_counter()
+    bar = tqdm(total=len(prompts) * len(methods), disable=not progress, desc=f"bench {target.name} {dataset}", unit="run")
+    for pi, prompt in enumerate(prompts):
+        order = methods[pi % len(methods):] + methods[: pi % len(methods)]
+        acc: dict[str, dict] = {m: {"new_tokens": 0, "target_forwards": 0, "seconds": 0.0, "cycle_tokens": [],
+                                    "accepted": [], "tie_rechecks": 0, "prompt_tokens": 0, "same": True}
+                                for m in methods}
+        answers: list[str] = []
+        for turn in range(len(prompt.turns)):
+            ids = prompt_ids(target, prompt, answers)
+            results = {m: _run_method(m, target, decoder, ids, max_new_tokens, temperature, seed + pi,
+                                      prompt_lookup_tokens) for m in order}
+            ref = results["hf_generate"].tokens
+            for m, r in results.items():
+                a = acc[m]
+                a["new_tokens"] += r.new_tokens
+                a["target_forwards"] += r.n_target_forwards
+                a["seconds"] += r.seconds
+                a["cycle_tokens"] += r.cycle_tokens
+                a["accepted"] += r.accepted
+                a["tie_rechecks"] += r.tie_rechecks
+                a["prompt_tokens"] += len(ids)
+                a["same"] &= r.tokens == ref
+            text = target.tokenizer.decode(ref, skip_special_tokens=True).strip()
+            answers.append(text)
+        for m in methods:
+            a = acc[m]
+            n_cyc = len(a["cycle_tokens"])
+            tau = sum(a["cycle_tokens"]) / n_cyc if n_cyc else float("nan")
+            rows.append({
+                "prompt_id": prompt.id, "dataset": dataset, "method": m, "turns": len(prompt.turns),
+                "prompt_tokens": a["prompt_tokens"], "new_tokens": a["new_tokens"],
+                "target_forwards": a["target_forwards"], "tau": round(tau, 4),
+                "mean_accepted": round(sum(a["accepted"]) / len(a["accepted"]), 4) if a["accepted"] else "",
+                "tie_rechecks": a["tie_rechecks"], "seconds": round(a["seconds"], 4),
+                "tokens_per_second": round(a["new_tokens"] / a["seconds"], 4) if a["seconds"] > 0 else "",
+                "lossless": (a["same"] if temperature == 0 else ""),
+            })
+        bar.update(len(methods))
+    bar.close()
+    summary = summarize(rows, settings)
+    summary["wall_seconds"] = round(time.perf_counter() - t_start, 2)
+    summary["machine"] = platform.machine()
+    result = BenchResult(rows, summary, key, None, settings)
+    if use_cache:
+        save_bench(result, path)
+        result.path = path
+    return result
+
+
+def summarize(rows: list[dict], settings: dict) -> dict:
+    """Per method: mean tokens/s, speedup against HF greedy, pooled tau, lossless count."""
+    by: dict[str, list[dict]] = {}
+    for r in rows:
+        by.setdefault(r["method"], []).append(r)
+    ref = by.get("hf_generate", [])
+    ref_tps = sum(float(r["tokens_per_second"]) for r in ref) / len(ref) if ref else float("nan")
+    methods = {}
+    for m, rs in by.items():
+        tps = sum(float(r["tokens_per_second"]) for r in rs) / len(rs)
+        after = sum(r["new_tokens"] - r["turns"] for r in rs)
+        fwd = sum(r["target_forwards"] - r["turns"] for r in rs)
+        entry = {
+            "prompts": len(rs), "new_tokens": sum(r["new_tokens"] for r in rs),
+            "seconds": round(sum(r["seconds"] for r in rs), 3), "mean_tokens_per_second": round(tps, 3),
+            "speedup": round(tps / ref_tps, 4) if ref_tps == ref_tps and ref_tps > 0 else None,
+            "tau": round(after / fwd, 4) if fwd > 0 else None,
+            "mean_tau_per_prompt": round(sum(float(r["tau"]) for r in rs) / len(rs), 4),
+        }
+        if settings.get("temperature", 0) == 0:
+            entry["lossless"] = f"{sum(1 for r in rs if r['lossless'] is True)}/{len(rs)}"
+        if m == "eagle3":
+            entry["tie_rechecks"] = sum(int(r["tie_rechecks"]) for r in rs)
+        methods[m] = entry
+    return {"settings": settings, "methods": methods,
+            "definitions": {"tau": "tokens after each prompt's first / target forwards after the prefill (pooled)",
+                            "speedup": "mean tokens/s of the method / mean tokens/s of hf_generate",
+                            "lossless": "output token-identical to hf_generate (T=0 only)"}}
+
+
+def save_bench(result: BenchResult, path: Path) -> None:
+    with atomic_directory(path, overwrite=True) as tmp:
+        with open(tmp / "rows.csv", "w", newline="") as fh:
+            w = csv.DictWriter(fh, fieldnames=ROW_FIELDS)
+            w.writeheader()
+            w.writerows(result.rows)
+        (tmp / "summary.json").write_text(json.dumps(result.summary, indent=2))
+        write_manifest(tmp, {"kind": "bench", "key": result.key, "settings": result.settings})
+
+
+def load_bench(path: Path) -> BenchResult:
+    """Read a cached benchmark (rows come back as strings except the numbers below)."""
+    path = Path(path)
+    manifest = read_manifest(path) or {}
+    with open(path / "rows.csv", newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    for r in rows:
+        for k in ("turns", "prompt_tokens", "new_tokens", "target_forwards", "tie_rechecks"):
+            r[k] = int(r[k])
+        for k in ("tau", "seconds", "tokens_per_second"):
+            r[k] = float(r[k]) if r[k] not in ("", "nan") else float("nan")
+        r["lossless"] = {"True": True, "False": False}.get(r["lossless"], "")
+    summary = json.loads((path / "summary.json").read_text())
+    return BenchResult(rows, summary, manifest.get("key", path.name), path, manifest.get("settings", {}))
+
+
+__all__ = ["BENCH_DATASETS", "METHODS", "BenchError", "BenchPrompt", "BenchResult", "bench_prompts", "head_fingerprint",
+           "load_bench", "prompt_ids", "run_bench", "summarize", "untrained_head"]
