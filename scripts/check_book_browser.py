@@ -1,0 +1,139 @@
+"""Open the built book in headless Chromium and fail on a missing figure or broken image.
+
+Serves ``book/_build/html`` on 127.0.0.1 (loopback only), loads every results page (plus the
+introduction) inside a same-origin checker page that waits for the images and reports each one's
+``naturalWidth``, and saves a full-page screenshot of every page. Exit status 1 when a results
+page has no figure, an image that did not load (naturalWidth == 0), or a figure glued as text
+("<Figure size ...>"); 0 otherwise.
+
+    .venv/bin/python scripts/check_book_browser.py [--html book/_build/html] [--out runs/browser]
+
+Needs Debian's ``chromium`` (``apt-get install chromium``).
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import http.server
+import json
+import re
+import shutil
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+CHECKER = """<!doctype html><html><body><pre id="result">pending</pre>
+<iframe id="f" style="width:1280px;height:2000px"></iframe>
+<script>
+const page = new URLSearchParams(location.search).get("page");
+const f = document.getElementById("f");
+f.onload = async () => {
+  const doc = f.contentDocument;
+  const imgs = Array.from(doc.querySelectorAll("main img, article img, .bd-article img"));
+  await Promise.all(imgs.map(i => i.complete ? null : new Promise(r => { i.onload = r; i.onerror = r; })));
+  const text = doc.body ? doc.body.innerText : "";
+  document.getElementById("result").textContent = JSON.stringify({
+    page, title: doc.title,
+    images: imgs.map(i => ({src: i.getAttribute("src"), naturalWidth: i.naturalWidth})),
+    glued_as_text: (text.match(/<Figure size [^>]*>/g) || []).length,
+  });
+};
+f.src = page;
+</script></body></html>"""
+
+
+def find_chromium() -> str:
+    for name in ("chromium", "chromium-browser", "google-chrome"):
+        path = shutil.which(name)
+        if path:
+            return path
+    raise SystemExit("chromium not found: apt-get install chromium")
+
+
+def serve(root: Path) -> tuple[http.server.ThreadingHTTPServer, int]:
+    class Handler(http.server.SimpleHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 (http.server API)
+            if self.path.startswith("/__check.html"):
+                body = CHECKER.encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "text/html")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+                return
+            super().do_GET()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Handler, directory=str(root)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, server.server_address[1]
+
+
+def chromium(exe: str, *args: str, timeout: int = 120) -> subprocess.CompletedProcess:
+    base = [exe, "--headless=new", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--no-first-run",
+            "--disable-background-networking", "--disable-component-update", "--disable-sync",
+            "--metrics-recording-only", "--no-default-browser-check"]
+    return subprocess.run(base + list(args), capture_output=True, text=True, timeout=timeout)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--html", default="book/_build/html", help="built book (default book/_build/html)")
+    ap.add_argument("--out", default="runs/browser", help="screenshots folder (default runs/browser)")
+    ap.add_argument("--width", type=int, default=1280)
+    ap.add_argument("--height", type=int, default=3000, help="screenshot height in pixels (default 3000)")
+    args = ap.parse_args(argv)
+    html, out = Path(args.html), Path(args.out)
+    if not (html / "index.html").exists():
+        raise SystemExit(f"{html}/index.html not found: build the book first (wavesurf reproduce)")
+    pages = sorted(p.relative_to(html).as_posix() for p in html.glob("results/*/*.html"))
+    pages += sorted(p.relative_to(html).as_posix() for p in html.glob("across-models/*.html"))
+    results_pages = set(pages)
+    pages = ["intro.html"] + pages
+    if not results_pages:
+        print("FAIL: the book has no results pages")
+        return 1
+    exe = find_chromium()
+    out.mkdir(parents=True, exist_ok=True)
+    server, port = serve(html)
+    problems: list[str] = []
+    try:
+        for page in pages:
+            url = f"http://127.0.0.1:{port}/__check.html?page=/{page}"
+            proc = chromium(exe, "--virtual-time-budget=20000", "--dump-dom", url)
+            m = re.search(r'<pre id="result">(.*?)</pre>', proc.stdout, re.S)
+            raw = m.group(1) if m else ""
+            try:
+                info = json.loads(raw.replace("&quot;", '"').replace("&lt;", "<").replace("&gt;", ">").replace("&amp;", "&"))
+            except ValueError:
+                problems.append(f"{page}: the checker did not report ({raw[:80]!r}; {proc.stderr.strip()[-200:]})")
+                continue
+            broken = [i["src"] for i in info["images"] if i["naturalWidth"] == 0]
+            shot = out / (page.replace("/", "__").removesuffix(".html") + ".png")
+            chromium(exe, f"--window-size={args.width},{args.height}", f"--screenshot={shot.resolve()}",
+                     f"http://127.0.0.1:{port}/{page}")
+            status = "ok"
+            if broken:
+                problems.append(f"{page}: broken image(s) {broken}")
+                status = "BROKEN IMAGE"
+            if page in results_pages and not info["images"]:
+                problems.append(f"{page}: no figure on a results page")
+                status = "NO FIGURE"
+            if info["glued_as_text"]:
+                problems.append(f"{page}: {info['glued_as_text']} figure(s) rendered as '<Figure size ...>' text")
+                status = "FIGURE AS TEXT"
+            print(f"{status:<14} {page}  ({len(info['images'])} images, title {info['title']!r}) -> {shot}")
+    finally:
+        server.shutdown()
+    if problems:
+        print("\n".join(["FAIL:"] + problems))
+        return 1
+    print(f"all {len(pages)} pages have their figures; screenshots in {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
