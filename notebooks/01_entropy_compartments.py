@@ -20,7 +20,7 @@
 # ({ref}`methods-compartments`). Statistics drop position 0 of every sequence by default (the BOS
 # token is an attention sink whose single row can dominate the covariance); the dashed curves keep it.
 
-# %% tags=["parameters"]
+# %% tags=["parameters", "hide-input"]
 model = "smollm2-135m"  # embedded name, local directory or HF id
 dataset = "sharegpt"  # sharegpt, mt-bench, humaneval or a .jsonl path
 max_tokens = None  # None: the profile's analysis token budget
@@ -71,7 +71,7 @@ plots.save_figure(fig, "figures/01_entropy_depth.png")
 glue("fig_entropy_depth", fig, display=False)
 plt.close(fig)
 
-# %%
+# %% tags=["remove-input"]
 k_max = int(np.argmax(cb["S1"]))
 k_min = int(np.argmin(cb["S1"][1:])) + 1
 blocks = base.compartments
@@ -88,7 +88,7 @@ glue("eff_rank_max", float(base.main.effective_rank[k_max]), display=False)
 glue("n_compartments", len(blocks), display=False)
 glue("compartments", ", ".join(f"{a}–{b}" for a, b in blocks), display=False)
 d1 = cp["S1"] - cb["S1"]
-glue("pos0_mean_shift", float(np.mean(d1)), display=False)
+glue("pos0_mean_shift", float(abs(np.mean(d1))), display=False)
 glue("pos0_max_shift", float(np.max(np.abs(d1))), display=False)
 glue("pos0_max_shift_layer", ids[int(np.argmax(np.abs(d1)))], display=False)
 glue("pos0_direction", "lowers" if np.mean(d1) < 0 else "raises", display=False)
@@ -102,8 +102,8 @@ glue("default_blocks", ", ".join(f"C{next(b for b, (lo, hi) in enumerate(blocks)
 # Matrix entropy of every layer id (vLLM convention) of this model on {glue:text}`n_tokens` statistics
 # positions. Top: α = 1; bottom: α = 2; left in nats, right normalised to [0, 1]. Shaded bands:
 # CKA compartments C1… ({glue:text}`compartments`); dotted verticals: the default EAGLE-3 layers
-# {glue:text}`default_ids`. **What to see:** entropy is not flat across depth — it changes most
-# at compartment boundaries — and keeping position 0 (dashed) shifts the curves.
+# {glue:text}`default_ids`. **What to see:** how entropy changes across depth and where it
+# changes relative to the compartment boundaries, and how far keeping position 0 (dashed) moves it.
 # ```
 #
 # In this run the most informative layer by α = 1 entropy is id {glue:text}`s1_max_layer`

@@ -19,7 +19,7 @@
 # layer to the next one (where the representation changes fastest) and to the last block (how
 # far each layer is from what the model finally predicts from).
 
-# %% tags=["parameters"]
+# %% tags=["parameters", "hide-input"]
 model = "smollm2-135m"  # embedded name, local directory or HF id
 dataset = "sharegpt"  # sharegpt, mt-bench, humaneval or a .jsonl path
 max_tokens = None  # None: the profile's analysis token budget
@@ -68,7 +68,7 @@ plots.save_figure(fig, "figures/02_cka.png")
 glue("fig_cka", fig, display=False)
 plt.close(fig)
 
-# %%
+# %% tags=["remove-input"]
 k_jump = int(np.argmin(nxt))
 default_ids = target.default_layer_ids()
 pos = {lid: k for k, lid in enumerate(ids)}
@@ -92,8 +92,8 @@ glue("n_compartments", len(base.compartments), display=False)
 # Left: linear CKA between every pair of layer ids (vLLM convention; {glue:text}`estimator` estimator,
 # {glue:text}`n_tokens` positions), white boxes the compartments. Right: CKA of each layer with the
 # next one and with the last block; dotted verticals mark the default EAGLE-3 layers.
-# **What to see:** bright square blocks along the diagonal — groups of layers that share a geometry
-# — separated by dips of the next-layer CKA; layers far apart in depth are dissimilar.
+# **What to see:** bright square blocks along the diagonal are groups of layers that share a
+# geometry; dips of the next-layer CKA mark where the representation turns over.
 # ```
 #
 # Neighbouring blocks are similar (median CKA(i, i+1) = {glue:text}`median_next:.3f`), except where
@@ -102,5 +102,5 @@ glue("n_compartments", len(base.compartments), display=False)
 # {glue:text}`cka_embed_last:.3f` with the last block, and the first layer whose CKA with the last
 # block reaches 0.5 is id {glue:text}`first_half_last`. The default layers are pairwise
 # {glue:text}`default_pairs` (mean {glue:text}`default_mean_cka:.3f`): they sit in different parts
-# of the {glue:text}`n_compartments` compartments, which is one reason the default rule stays
-# competitive — it is spread over depth by construction.
+# of the {glue:text}`n_compartments` compartments: a rule spread over depth by construction
+# samples several compartments, one reason such defaults can stay competitive.

@@ -20,7 +20,7 @@
 # the entropy the layers would have if independent minus their joint entropy.
 # These statistics use the token-entropy filter the selection uses ({ref}`methods-filtering`).
 
-# %% tags=["parameters"]
+# %% tags=["parameters", "hide-input"]
 model = "smollm2-135m"  # embedded name, local directory or HF id
 dataset = "sharegpt"  # sharegpt, mt-bench, humaneval or a .jsonl path
 max_tokens = None  # None: the profile's analysis token budget
@@ -65,7 +65,7 @@ s2_named = {n: float(paper.aggregate_entropy2(stats, [v])[0]) for n, v in named.
 red_named = {n: float(paper.redundancy2(stats, [v])[0]) for n, v in named.items()}
 
 # %% tags=["hide-input"]
-fig = plt.figure(figsize=(12, 4.2))
+fig = plt.figure(figsize=(15, 4.6))
 ax0 = fig.add_subplot(1, 3, 1)
 plots.plot_matrix(pair_s2, ids, "S₂ of the pair (nats)", ax=ax0, title="aggregate entropy of layer pairs",
                   marks={"default": default_ids, "aggregate": chosen["aggregate"]})
@@ -79,7 +79,7 @@ plots.save_figure(fig, "figures/03_aggregate.png")
 glue("fig_aggregate", fig, display=False)
 plt.close(fig)
 
-# %%
+# %% tags=["remove-input"]
 dname = next(iter(named))
 rank, frac = paper.rank_of(s2_all, s2_named[dname])
 best = sets[int(np.argmax(s2_all))]
@@ -112,9 +112,9 @@ else:
 # of the default set, squares those of the maximum-aggregate-entropy set. Middle: the distribution
 # of S₂ over all {glue:text}`n_sets` sets of three block outputs, with the default and selected
 # sets marked. Right: their α = 2 redundancy. Filter {glue:text}`filter`,
-# {glue:text}`n_tokens` positions. **What to see:** pairs of distant layers (off-diagonal corners)
-# carry more joint information than neighbours; the default set sits in the upper part of the
-# distribution but not at the top.
+# {glue:text}`n_tokens` positions. **What to see:** which pairs (bright) carry the most joint
+# information, and how far the default set is from the top of the distribution (its rank is given
+# below).
 # ```
 #
 # Of {glue:text}`n_sets` three-layer sets, the default {glue:text}`default_ids` has S₂ =

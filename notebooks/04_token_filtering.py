@@ -24,7 +24,7 @@
 # drafters trained on the sets selected with and without filtering) is added with the drafter
 # chapters.
 
-# %% tags=["parameters"]
+# %% tags=["parameters", "hide-input"]
 model = "smollm2-135m"  # embedded name, local directory or HF id
 dataset = "sharegpt"  # sharegpt, mt-bench, humaneval or a .jsonl path
 max_tokens = None  # None: the profile's analysis token budget
@@ -81,9 +81,11 @@ from IPython.display import HTML
 
 cols = ["filter", "subset", "threshold_nats", "kept_fraction", "tokens", "mean_normalized_entropy",
         "mean_neighbour_cka", "mean_cka_to_last", "compartments", "selected_ids"]
-HTML(plots.html_table(rows, cols))
+HTML(plots.html_table(rows, cols, headers={"threshold_nats": "threshold (nats)", "kept_fraction": "kept",
+                                           "mean_normalized_entropy": "mean S₁/max", "mean_neighbour_cka": "mean CKA(i,i+1)",
+                                           "mean_cka_to_last": "mean CKA(i,N)", "selected_ids": "combined picks"}))
 
-# %%
+# %% tags=["remove-input"]
 f = sel.meta["filter"]
 de = cf["S1_norm"] - cr["S1_norm"]
 by = {(r["variant"], r["subset"]): r for r in rows}
@@ -111,8 +113,8 @@ glue("n_filters", len(names) - 1, display=False)
 # {glue:text}`filter` (solid) and on a random subset of the same size (dashed). Right three:
 # summaries against the kept fraction for {glue:text}`n_filters` thresholds (1 = no filter):
 # mean normalised entropy, mean next-layer CKA, mean CKA with the last block, filtered (circles)
-# against random (squares). **What to see:** the gap between the two curves is the effect of
-# choosing uncertain positions; random subsets of any size stay close to the unfiltered values.
+# against random (squares). **What to see:** the gap between filtered and random curves is the
+# effect of choosing uncertain positions; the random curve alone shows what a smaller sample does.
 # ```
 #
 # The filter {glue:text}`filter` keeps tokens whose next-token entropy is at least

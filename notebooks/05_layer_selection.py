@@ -18,7 +18,7 @@
 # convention; the SGLang/SpecForge column gives the same tensors as "output of block k" ids.
 # The table is also written as tidy CSV ({download}`tables/05_layer_selection.csv`).
 
-# %% tags=["parameters"]
+# %% tags=["parameters", "hide-input"]
 model = "smollm2-135m"  # embedded name, local directory or HF id
 dataset = "sharegpt"  # sharegpt, mt-bench, humaneval or a .jsonl path
 max_tokens = None  # None: the profile's analysis token budget
@@ -56,15 +56,21 @@ by = {r["method"]: r for r in rows}
 # %% tags=["remove-input"]
 from IPython.display import HTML
 
-HTML(plots.html_table(rows, ["method", "layer_ids", "sglang_layer_ids", "mean_entropy_nats", "mean_pairwise_cka",
-                             "aggregate_entropy2_nats", "aggregate_entropy1_nats", "redundancy2_nats",
-                             "delta_aggregate_entropy2_vs_default", "reason"]))
+HTML(plots.html_table(
+    rows, ["method", "layer_ids", "sglang_layer_ids", "mean_entropy_nats", "mean_pairwise_cka", "aggregate_entropy2_nats",
+           "redundancy2_nats", "delta_aggregate_entropy2_vs_default"],
+    headers={"layer_ids": "ids (vLLM)", "sglang_layer_ids": "ids (SGLang)", "mean_entropy_nats": "mean S₁ (nats)",
+             "mean_pairwise_cka": "mean CKA", "aggregate_entropy2_nats": "S₂ of set (nats)",
+             "redundancy2_nats": "R₂ (nats)", "delta_aggregate_entropy2_vs_default": "ΔS₂ vs default (nats)"}))
+
+# %% tags=["remove-input"]
+HTML(plots.html_table(rows, ["method", "reason"]))
 
 # %% tags=["hide-input"]
 sets = {r["method"]: [int(i) for i in r["layer_ids"].split()] for r in rows}
 fig, ax = plt.subplots(figsize=(7.5, 2.8))
 plots.plot_layer_sets(sets, target.n_layers, ax=ax, compartments=stats.compartments)
-ax.set_title("selected layer sets (shaded: CKA compartments)")
+ax.set_title("selected layer sets (shaded: CKA compartments)", pad=14)
 fig.tight_layout()
 plots.save_figure(fig, "figures/05_sets.png")
 glue("fig_sets", fig, display=False)
@@ -74,7 +80,7 @@ plt.close(fig)
 # NBVAL_CHECK_OUTPUT
 print("default rule (vLLM ids):", by["default"]["layer_ids"], "| SGLang ids:", by["default"]["sglang_layer_ids"])
 
-# %%
+# %% tags=["remove-input"]
 for m, r in by.items():
     glue(f"ids_{m}", paper.fmt_ids(int(i) for i in r["layer_ids"].split()), display=False)
     glue(f"s2_{m}", float(r["aggregate_entropy2_nats"]), display=False)
@@ -91,9 +97,8 @@ glue("filter", stats.meta["filter"]["filter"], display=False)
 # %% [markdown]
 # ```{glue:figure} fig_sets
 # The layer ids each method selects (k = 3) on {glue:text}`n_tokens` positions kept by the filter
-# {glue:text}`filter`, over the CKA compartments. **What to see:** the statistics-based methods
-# spread their picks over compartments like the default rule does, but move them to the
-# more informative layers of each compartment.
+# {glue:text}`filter`, over the CKA compartments. **What to see:** which compartments each method
+# draws from, compared with the default rule's spread over depth.
 # ```
 #
 # The default rule reads {glue:text}`ids_default` (S₂ = {glue:text}`s2_default:.3f` nats, mean

@@ -16,7 +16,7 @@
 # The same statistics for every model whose results for this profile are in the results cache,
 # against relative depth (layer id / N) so models of different depth line up.
 
-# %% tags=["parameters"]
+# %% tags=["parameters", "hide-input"]
 model = "smollm2-135m"  # embedded name, local directory or HF id
 dataset = "sharegpt"  # sharegpt, mt-bench, humaneval or a .jsonl path
 max_tokens = None  # None: the profile's analysis token budget
@@ -83,7 +83,7 @@ for m in models:
 paper.write_csv(table, "tables/07_cross_model.csv")
 HTML(plots.html_table(table))
 
-# %%
+# %% tags=["remove-input"]
 glue("n_models", len(models), display=False)
 glue("models", ", ".join(models), display=False)
 

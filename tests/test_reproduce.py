@@ -238,3 +238,21 @@ def test_generated_pages_without_results(tmp_path):
     write_generated(tmp_path)
     assert "No results yet" in (tmp_path / "generated" / "answer.md").read_text()
     assert "no run yet" in (tmp_path / "generated" / "timings.md").read_text()
+
+
+def test_only_reruns_some_pages_and_leaves_no_stale_figure(tmp_path):
+    nb2 = NB_OK.replace("# A page", "# Second page").replace("01_plot", "02_plot")
+    root = _project(tmp_path, {"01_ok.py": NB_OK, "02_two.py": nb2})
+    quiet = dict(root=root, build=False, progress=False, say=lambda line: None)
+    reproduce("smollm2-135m", "smoke", **quiet)
+    page = root / "book" / "results" / "smollm2-135m"
+    assert {p.name for p in (page / "figures").iterdir()} == {"01_plot.png", "02_plot.png"}
+    # notebook 01 now writes a differently named figure: the old one must not survive next to it
+    (root / "notebooks" / "01_ok.py").write_text(NB_OK.replace("01_plot", "01_renamed"))
+    reproduce("smollm2-135m", "smoke", only="01", **quiet)
+    assert {p.name for p in (page / "figures").iterdir()} == {"01_renamed.png", "02_plot.png"}
+    assert set(json.loads((page / "run.json").read_text())["notebooks"]) == {"01_ok", "02_two"}
+    # another profile never mixes with the published one: pages it did not run are dropped
+    reproduce("smollm2-135m", "default", only="02", **quiet)
+    assert {p.name for p in (page / "figures").iterdir()} == {"02_plot.png"}
+    assert json.loads((page / "run.json").read_text())["profile"] == "default"

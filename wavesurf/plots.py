@@ -166,18 +166,20 @@ def plot_sweep(rows: Sequence[dict[str, Any]], metric: str, ylabel: str, ax: Any
     return ax
 
 
-def html_table(rows: Sequence[dict[str, Any]], columns: Sequence[str] | None = None, floatfmt: str = ".4g") -> str:
-    """A plain HTML table (no pandas) of tidy rows, for notebook display."""
+def html_table(rows: Sequence[dict[str, Any]], columns: Sequence[str] | None = None, floatfmt: str = ".4g",
+               headers: dict[str, str] | None = None) -> str:
+    """A plain HTML table (no pandas) of tidy rows, for notebook display; ``headers`` renames columns."""
     import html
 
     columns = list(columns or (rows[0].keys() if rows else []))
+    headers = headers or {}
 
     def cell(v: Any) -> str:
         if isinstance(v, float | np.floating):
             return format(float(v), floatfmt)
         return html.escape(str(v))
 
-    head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
+    head = "".join(f"<th>{html.escape(headers.get(c, c))}</th>" for c in columns)
     body = "".join("<tr>" + "".join(f"<td>{cell(r.get(c, ''))}</td>" for c in columns) + "</tr>" for r in rows)
     return f'<table class="wavesurf-table"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
 

@@ -53,11 +53,14 @@ def repo_root() -> Path:
 
 
 def discover_notebooks(notebook_dir: Path | None = None) -> list[NotebookSpec]:
-    """The ``NN_name.py`` notebooks of ``notebook_dir`` in number order."""
+    """The ``NN_name.py`` (or ``NNa_name.py``) notebooks of ``notebook_dir`` in number order; the
+    number prefixes the notebook's figures and tables (``figures/NN_*.png``)."""
     notebook_dir = Path(notebook_dir or repo_root() / "notebooks")
     specs = []
-    for p in sorted(notebook_dir.glob("[0-9][0-9]_*.py")):
-        specs.append(NotebookSpec(p.name[:2], p.stem, p))
+    for p in sorted(notebook_dir.glob("[0-9][0-9]*_*.py")):
+        m = re.fullmatch(r"(\d\d[a-z]?)_\w+", p.stem)
+        if m:
+            specs.append(NotebookSpec(m.group(1), p.stem, p))
     if not specs:
         raise ReproduceError(f"no notebooks (NN_name.py) found in {notebook_dir}")
     return specs
@@ -147,17 +150,21 @@ def execute_notebook(spec: NotebookSpec, out_path: Path, parameters: dict[str, A
     return time.perf_counter() - t0
 
 
-def _title_with_model(path: Path, model: str) -> None:
-    """Append the model to the page title (first markdown heading) so per-model pages differ."""
+def finish_page(path: Path, model: str | None) -> None:
+    """Book touches on an executed notebook: the model in the page title (so per-model pages
+    differ) and the papermill-injected parameters folded like the defaults."""
     import nbformat
 
     nb = nbformat.read(path, as_version=4)
     for cell in nb.cells:
-        if cell.cell_type == "markdown" and cell.source.startswith("# "):
+        if model and cell.cell_type == "markdown" and cell.source.startswith("# "):
             first, _, rest = cell.source.partition("\n")
             if f"({model})" not in first:
                 cell.source = f"{first} ({model})\n{rest}"
-            break
+            model = None
+        tags = cell.metadata.get("tags", [])
+        if "injected-parameters" in tags and "hide-input" not in tags:
+            cell.metadata["tags"] = [*tags, "hide-input"]
     nbformat.write(nb, path)
 
 
@@ -190,11 +197,11 @@ def _stage(final: Path, stage: Path, rerun: Sequence[NotebookSpec], profile: str
         info = json.loads((final / "run.json").read_text()) if (final / "run.json").exists() else {}
         if info.get("profile") == profile:
             shutil.copytree(final, stage)
-            numbers = {s.number for s in rerun}
+            prefixes = tuple(f"{s.number}_" for s in rerun)
             for p in list(stage.rglob("*")):
-                if p.is_file() and p.name[:2] in numbers and (p.parent == stage or p.parent.parent == stage):
+                if p.is_file() and p.name.startswith(prefixes) and (p.parent == stage or p.parent.parent == stage):
                     p.unlink()
-            carried = {k: v for k, v in info.get("notebooks", {}).items() if k[:2] not in numbers}
+            carried = {k: v for k, v in info.get("notebooks", {}).items() if not k.startswith(prefixes)}
         else:
             say(f"  (published pages in {final} were made with profile {info.get('profile')!r}; "
                 f"they are replaced, not mixed with profile {profile!r})")
@@ -244,12 +251,12 @@ def reproduce(model: str, profile: str = "default", only: str | Sequence[str] | 
     stages = {scope: work / f"staging-{scope}-{safe_name(model)}" for scope in dirs}
     previous = {**_previous_times(dirs["model"], profile), **_previous_times(dirs["all"], profile)}
     scopes = sorted({s.scope for s in specs})
+    say(f"wavesurf reproduce: {len(specs)} notebook(s) for {model}, profile {profile}: "
+        + ", ".join(s.stem for s in specs))
     carried = {scope: _stage(dirs[scope], stages[scope], [s for s in specs if s.scope == scope], profile, say)
                for scope in scopes}
     times: dict[str, float] = {}
     t_run = time.perf_counter()
-    say(f"wavesurf reproduce: {len(specs)} notebook(s) for {model}, profile {profile}: "
-        + ", ".join(s.stem for s in specs))
     for n, spec in enumerate(specs, 1):
         elapsed = time.perf_counter() - t_run
         remaining = [s.stem for s in specs[n - 1:]]
@@ -276,8 +283,7 @@ def reproduce(model: str, profile: str = "default", only: str | Sequence[str] | 
             if isinstance(exc, KeyboardInterrupt):
                 raise
             raise ReproduceError(f"{exc}{where}. Nothing was published: the book keeps its previous pages.") from None
-        if spec.scope == "model":
-            _title_with_model(out, model)
+        finish_page(out, model if spec.scope == "model" else None)
         say(f"      done in {_fmt_s(times[spec.stem])}")
     hw = hardware()
     stamp = time.strftime("%Y-%m-%d %H:%M:%S")
