@@ -211,6 +211,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     from .drafter.head import check_draft_layer_ids
 
     layers = check_draft_layer_ids(layers, target.n_layers)
+    from .drafter.vocab import check_draft_vocab_size
+
+    check_draft_vocab_size(settings.draft_vocab_size, target.vocab_size)  # before the (slow) feature store
     features = FeatureSettings(
         dataset=args.dataset, split="train" if args.dataset == "sharegpt" else None, split_seed=args.split_seed,
         max_tokens=args.max_train_tokens, max_len=args.max_len, dtype=args.store_dtype,

@@ -1,0 +1,162 @@
+"""Drafter training on a real tiny feature store: TTT masks and alignment, no padding leak,
+learning, checkpoints and exact resume, refusals, CLI."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from wavesurf.cli import main
+from wavesurf.drafter import DrafterError
+from wavesurf.drafter.features import TargetHead
+from wavesurf.drafter.head import DraftConfig, DraftHead, init_head, load_head
+from wavesurf.drafter.train import TrainSettings, train_drafter, ttt_forward, ttt_masks
+from wavesurf.errors import LayerIdError
+
+LAYERS = [2, 15, 27]
+FAST = dict(ttt_steps=2, draft_vocab_size=1024, batch_tokens=256, warmup_steps=1, lr=1e-3, log_every=2)
+
+
+def test_masks_are_causal_plus_same_position_diagonals():
+    attn = torch.tensor([[True, True, True, False]])
+    masks = ttt_masks(attn, 3)
+    assert [tuple(m.shape) for m in masks] == [(1, 1, 4, 4), (1, 1, 4, 8), (1, 1, 4, 12)]
+    # real queries never see the padded key; the padded query (dropped from the loss) sees keys <= itself
+    causal = torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 0], [1, 1, 1, 1]], dtype=torch.bool)
+    assert torch.equal(masks[0][0, 0], causal)
+    assert torch.equal(masks[2][0, 0], torch.cat([causal, torch.eye(4, dtype=torch.bool), torch.eye(4, dtype=torch.bool)], 1))
+
+
+def _head(smollm, store, vocab_size=512, seed=0):
+    head = init_head(DraftHead(DraftConfig.for_target(smollm, LAYERS, vocab_size)), seed=seed, std=0.05)
+    ids = torch.arange(vocab_size) * (smollm.vocab_size // vocab_size)
+    head.set_vocab(ids)
+    return head, TargetHead(smollm, ids.numpy())
+
+
+def test_no_leak_from_later_positions_or_padding(smollm, tiny_store):
+    b = tiny_store.batches(LAYERS, batch_tokens=4096)[0]  # all sequences; the budget cut the last one short
+    assert b["input_ids"].shape[0] > 1 and b["attention_mask"].sum(1).min() < b["input_ids"].shape[1]
+    head, th = _head(smollm, tiny_store)
+    emb = smollm.model.get_input_embeddings()
+    with torch.no_grad():
+        full = ttt_forward(head, b, emb, th, 3, keep_logits=True)
+        # perturbing the target features at positions >= s changes nothing before s, at any step
+        s = 20
+        pert = {**b, "features": b["features"].clone()}
+        pert["features"][:, s:] += torch.randn_like(pert["features"][:, s:])
+        other = ttt_forward(head, pert, emb, th, 3, keep_logits=True)
+        # the shortest sequence alone (no padding, batch of one) gives the same outputs
+        r = int(b["attention_mask"].sum(1).argmin())
+        n = int(b["attention_mask"][r].sum())
+        alone = ttt_forward(head, {k: v[r : r + 1, :n] for k, v in b.items()}, emb, th, 3, keep_logits=True)
+    for j in range(3):
+        torch.testing.assert_close(other.logits[j][:, :s], full.logits[j][:, :s], rtol=0, atol=1e-5)
+        assert not torch.allclose(other.logits[j][:, s:], full.logits[j][:, s:])
+        torch.testing.assert_close(alone.logits[j][0], full.logits[j][r, : n - 2 - j], rtol=1e-5, atol=1e-5)
+    # counted positions: real, assistant, next target token in the draft vocabulary; never more at later steps
+    assert full.step_count[0] > 0 and (full.step_count.diff() <= 0).all()
+
+
+def test_step0_loss_is_soft_cross_entropy_against_target_in_draft_vocab(smollm, tiny_store):
+    b = tiny_store.batches(LAYERS, batch_tokens=512)[0]
+    head, th = _head(smollm, tiny_store)
+    emb = smollm.model.get_input_embeddings()
+    with torch.no_grad():
+        res = ttt_forward(head, b, emb, th, 1, keep_logits=True)
+        # independent recomputation of step 0 for position t: feature t, embedding of token t+1, target at t+1
+        t_len = b["input_ids"].shape[1]
+        h = head.fuse(b["features"][:, : t_len - 1])
+        e = emb(b["input_ids"][:, 1:])
+        mask = torch.ones(t_len - 1, t_len - 1, dtype=torch.bool).tril()[None, None]
+        mask = mask & b["attention_mask"][:, None, None, : t_len - 1] | torch.eye(t_len - 1, dtype=torch.bool)
+        out = head.step(h, e, torch.arange(t_len - 1)[None].expand(h.shape[0], -1), mask)
+        p = torch.softmax(th.logits(b["last_hidden"][:, 1:]), -1)
+        ce = -(p * torch.log_softmax(out.logits, -1)).sum(-1)
+        keep = (b["attention_mask"] & b["loss_mask"])[:, 2:] & head.t2d[b["target_argmax"][:, 1:-1]]
+        ce = ce[:, : t_len - 2]
+    torch.testing.assert_close(res.logits[0], out.logits[:, : t_len - 2], rtol=1e-5, atol=1e-5)
+    assert res.step_count[0] == keep.sum()
+    torch.testing.assert_close(res.loss, (ce * keep).sum() / keep.sum(), rtol=1e-5, atol=1e-6)
+
+
+def test_training_learns_and_saves_a_loadable_head(smollm, tiny_store, tmp_cache, tmp_path):
+    settings = TrainSettings(**{**FAST, "max_steps": 16, "log_every": 4})
+    res = train_drafter(smollm, tiny_store, LAYERS, settings, tmp_path / "run", progress=False)
+    assert res.steps == 16 and len(res.history) == 4
+    first, last = res.history[0], res.history[-1]
+    assert last["loss"] < first["loss"]
+    assert len(res.accuracy) == 2 and res.accuracy[0] > first["accuracy_per_step"][0]
+    assert res.train_tokens > 0 and res.tokens_per_second > 0 and 0 < res.vocab_coverage <= 1
+    head, info = load_head(tmp_path / "run", smollm)
+    assert info["layer_ids"] == LAYERS and info["sglang_layer_ids"] == [1, 14, 26]
+    assert info["settings"]["ttt_steps"] == 2 and info["accuracy_per_step"] == res.accuracy
+    assert head.config.draft_vocab_size == 1024 and head.t2d.sum() == 1024
+    assert not list((tmp_path / "run").glob("checkpoint-*"))
+    # a finished run is returned without training again
+    again = train_drafter(smollm, tiny_store, LAYERS, settings, tmp_path / "run", progress=False)
+    assert again.steps == 16 and again.seconds == res.seconds
+
+
+def test_interrupted_run_resumes_to_the_same_weights(smollm, tiny_store, tmp_cache, tmp_path):
+    settings = TrainSettings(**{**FAST, "max_steps": 6, "checkpoint_every": 3})
+    straight = train_drafter(smollm, tiny_store, LAYERS, settings, tmp_path / "a", progress=False)
+
+    class Stop(Exception):
+        pass
+
+    def stop_at_4(step, record):
+        if step == 4:  # one step past the checkpoint at 3: that step is redone, not double counted
+            raise Stop
+
+    with pytest.raises(Stop):
+        train_drafter(smollm, tiny_store, LAYERS, settings, tmp_path / "b", progress=False, callback=stop_at_4)
+    assert [p.name for p in (tmp_path / "b").glob("checkpoint-*")] == ["checkpoint-0000003"]
+    resumed = train_drafter(smollm, tiny_store, LAYERS, settings, tmp_path / "b", progress=False)
+    assert resumed.resumed_at_step == 3 and resumed.steps == 6
+    assert resumed.train_tokens == straight.train_tokens
+    assert [h["loss"] for h in resumed.history] == pytest.approx([h["loss"] for h in straight.history], rel=1e-5)
+    a, b = load_file(str(tmp_path / "a" / "drafter.safetensors")), load_file(str(tmp_path / "b" / "drafter.safetensors"))
+    for k in a:
+        torch.testing.assert_close(b[k], a[k], rtol=1e-5, atol=1e-6)
+
+
+def test_refusals(smollm, tiny_store, tmp_cache, tmp_path):
+    settings = TrainSettings(**{**FAST, "max_steps": 2, "checkpoint_every": 1})
+
+    def stop(step, record):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        train_drafter(smollm, tiny_store, LAYERS, settings, tmp_path / "run", progress=False, callback=stop)
+    with pytest.raises(DrafterError, match=r"layer_ids: \[2, 15, 27\] there, \[1, 15, 27\] now"):
+        train_drafter(smollm, tiny_store, [1, 15, 27], settings, tmp_path / "run", progress=False)
+    with pytest.raises(DrafterError, match="ttt_steps"):
+        train_drafter(smollm, tiny_store, LAYERS, TrainSettings(**{**FAST, "max_steps": 2, "ttt_steps": 3}),
+                      tmp_path / "run", progress=False)
+    with pytest.raises(FileExistsError):
+        train_drafter(smollm, tiny_store, LAYERS, settings, tmp_path / "run", progress=False, resume=False)
+    with pytest.raises(DrafterError, match="draft_vocab_size=50000"):
+        train_drafter(smollm, tiny_store, LAYERS, TrainSettings(draft_vocab_size=50000), tmp_path / "x")
+    with pytest.raises(LayerIdError, match="repeated"):
+        train_drafter(smollm, tiny_store, [2, 2, 15], settings, tmp_path / "x")
+    with pytest.raises(LayerIdError, match="out of range"):
+        train_drafter(smollm, tiny_store, [2, 31], settings, tmp_path / "x")
+    with pytest.raises(DrafterError, match="stored ids"):
+        train_drafter(smollm, tiny_store, [3, 15], settings, tmp_path / "x")
+    with pytest.raises(DrafterError, match="schedule='step'"):
+        train_drafter(smollm, tiny_store, LAYERS, TrainSettings(schedule="step"), tmp_path / "x")
+
+
+def test_cli_train(smollm, tmp_cache, tmp_path, capsys):
+    args = ["train", "--layers", "2,15,27", "--max-train-tokens", "1024", "--max-len", "128", "--store-layers", "train",
+            "--ttt-steps", "2", "--draft-vocab", "512", "--steps", "3", "--batch-tokens", "256", "--out",
+            str(tmp_path / "cli"), "--quiet"]
+    assert main(args) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["steps"] == 3 and out["layer_ids"] == LAYERS and out["feature_store"]["layer_ids"] == [2, 15, 27, 30]
+    assert (tmp_path / "cli" / "drafter.safetensors").is_file()
+    assert main(["train", "--layers", "2,15,27", "--draft-vocab", "60000", "--quiet"]) == 2
+    assert "draft_vocab_size=60000" in capsys.readouterr().err

@@ -1,0 +1,480 @@
+"""Train an EAGLE-3 draft head on any set of target layers from a feature store, with
+training-time test (TTT) exactly as in the reference (``reference/eagle3.md`` section 2.1).
+
+Alignment, for a sequence of tokens x_0..x_{T-1} and target states at every position:
+
+* step 0 at position t reads ``fuse(features_t)`` and ``embed(x_{t+1})`` and predicts x_{t+2},
+  supervised by the target's distribution at position t+1 (restricted to the draft vocabulary and
+  renormalised);
+* step j > 0 reads the draft's own pre-norm output of step j-1 at position t and ``embed(x_{t+1+j})``
+  (ground truth, teacher forcing), rotary position t+j, and predicts x_{t+2+j} against the target
+  at position t+1+j;
+* a query of step j at position t attends to the step-0 keys at positions <= t (causal) and, for
+  each earlier step 1..j, to that step's key at the same position t only (the diagonal);
+* a prediction counts iff x_{t+2+j} is a real token with loss_mask (assistant) set and the
+  target's argmax at t+1+j lies in the draft vocabulary; step j's loss is the soft-label
+  cross-entropy averaged over counted positions, and the total is ``sum_j step_weight**j * loss_j``.
+
+Built on HF Accelerate: ``accelerate launch --num_processes P -m wavesurf.cli train ...`` runs data
+parallel with no code change (each process reads every P-th batch; the batch size is per process).
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..cache import cache_root, params_key
+from .features import FeatureStore, TargetHead
+from .head import DraftConfig, DraftHead, DrafterError, check_draft_layer_ids, init_head, save_head
+from .vocab import build_draft_vocab, check_draft_vocab_size
+
+SCHEDULES = ("cosine", "linear", "constant")
+TRAINER_STATE = "trainer.json"
+#: settings that do not change the trained weights (a resume may change them)
+_NOT_FINGERPRINTED = ("checkpoint_every", "log_every")
+
+
+@dataclass
+class TrainSettings:
+    """Drafter training settings (EAGLE-3 defaults where the reference has one).
+
+    ``batch_tokens`` is the padded batch size in tokens *per process*. Training stops after
+    ``max_steps`` optimizer steps, or after ``train_tokens`` real tokens (converted to steps with
+    the store's mean tokens per batch), whichever comes first; with neither, one pass over the
+    store. ``vocab_tokens`` None counts the draft vocabulary over the store's own token budget.
+    """
+
+    ttt_steps: int = 7
+    step_weight: float = 0.8
+    lr: float = 3e-4
+    warmup_steps: int = 20
+    schedule: str = "cosine"
+    betas: tuple[float, float] = (0.9, 0.95)
+    weight_decay: float = 0.0
+    grad_clip: float = 0.5
+    batch_tokens: int = 2048
+    max_steps: int | None = None
+    train_tokens: int | None = None
+    seed: int = 0
+    draft_vocab_size: int = 32000
+    vocab_tokens: int | None = None
+    checkpoint_every: int = 100
+    log_every: int = 10
+
+    def check(self) -> None:
+        def positive_int(name: str, allow_none: bool = False, allow_zero: bool = False) -> None:
+            v = getattr(self, name)
+            if v is None and allow_none:
+                return
+            if isinstance(v, bool) or not isinstance(v, int) or v < (0 if allow_zero else 1):
+                what = "a non-negative" if allow_zero else "a positive"
+                raise DrafterError(f"{name}={v!r} must be {what} integer{' or None' if allow_none else ''}")
+
+        for name in ("ttt_steps", "batch_tokens", "checkpoint_every", "log_every"):
+            positive_int(name)
+        positive_int("warmup_steps", allow_zero=True)
+        for name in ("max_steps", "train_tokens", "vocab_tokens"):
+            positive_int(name, allow_none=True)
+        if self.schedule not in SCHEDULES:
+            raise DrafterError(f"schedule={self.schedule!r} is not one of {SCHEDULES}")
+        if not self.lr > 0 or not math.isfinite(self.lr):
+            raise DrafterError(f"lr={self.lr!r} must be a positive number")
+        if not 0 < self.step_weight <= 1:
+            raise DrafterError(f"step_weight={self.step_weight!r} must be in (0, 1]")
+        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
+            raise DrafterError(f"betas={self.betas!r} must be two numbers in [0, 1)")
+        if self.weight_decay < 0 or not self.grad_clip > 0:
+            raise DrafterError(f"weight_decay={self.weight_decay!r} must be >= 0 and grad_clip={self.grad_clip!r} > 0")
+
+    def fingerprint(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["betas"] = list(self.betas)
+        return {k: v for k, v in d.items() if k not in _NOT_FINGERPRINTED}
+
+
+@dataclass
+class TrainResult:
+    """What a training run produced: where the head is, how much it saw and how fast, and the
+    per-TTT-step accuracy/loss (token-weighted over the last ``log_every`` steps) plus history."""
+
+    out_dir: str
+    layer_ids: list[int]
+    sglang_layer_ids: list[int | None]
+    steps: int
+    train_tokens: int
+    seconds: float
+    tokens_per_second: float
+    accuracy: list[float]
+    loss: list[float]
+    vocab_coverage: float
+    history: list[dict[str, Any]] = field(default_factory=list)
+    resumed_at_step: int = 0
+
+    def to_dict(self, history: bool = False) -> dict[str, Any]:
+        d = asdict(self)
+        if not history:
+            d.pop("history")
+        return d
+
+
+# ---------------------------------------------------------------------------------------------
+# training-time test
+def ttt_masks(attention_mask: Any, steps: int) -> list[Any]:
+    """Attention masks of the unrolled steps: mask j is bool [B, 1, T, (j+1)T] over the keys
+    ``[step 0 | step 1 | ... | step j]``: causal over real step-0 keys plus the same-position key of
+    each later step. Every query keeps at least its own key, so padding rows never become NaN."""
+    import torch
+
+    b, t = attention_mask.shape
+    dev = attention_mask.device
+    eye = torch.eye(t, dtype=torch.bool, device=dev)[None, None].expand(b, 1, t, t)
+    causal = torch.ones(t, t, dtype=torch.bool, device=dev).tril()[None, None] & attention_mask[:, None, None, :]
+    causal = causal | eye
+    return [torch.cat([causal] + [eye] * j, dim=-1) for j in range(steps)]
+
+
+@dataclass
+class TTTOutput:
+    loss: Any  # scalar: sum_j w**j * loss_j
+    step_loss_sum: Any  # float64 [S]: summed cross-entropy over counted positions
+    step_correct: Any  # float64 [S]
+    step_count: Any  # float64 [S]: counted positions
+    logits: list[Any] | None = None  # per step [B, T-2-j, V_d], when asked for
+
+
+def ttt_forward(
+    head: DraftHead,
+    batch: dict[str, Any],
+    embed: Callable[[Any], Any],
+    target_head: TargetHead,
+    ttt_steps: int,
+    step_weight: float = 0.8,
+    keep_logits: bool = False,
+) -> TTTOutput:
+    """Unroll ``ttt_steps`` draft steps over one feature batch (see the module docstring).
+
+    ``target_head`` must be restricted to the head's draft vocabulary (``TargetHead(target,
+    head.draft_to_target)``); ``embed`` maps token ids to the target's input embeddings.
+    """
+    import torch
+    from torch.nn import functional as F
+
+    ids, attn = batch["input_ids"], batch["attention_mask"]
+    b, t = ids.shape
+    with torch.no_grad():
+        embeds = embed(ids)
+        t_logits = target_head.logits(batch["last_hidden"])  # [B, T, V_d]
+        t_prob = torch.softmax(t_logits, dim=-1)
+        t_arg = t_logits.argmax(-1)
+        in_vocab = head.t2d[batch["target_argmax"]]  # full-vocab argmax is a draft token
+        predictable = attn & batch["loss_mask"]
+
+    masks = ttt_masks(attn, ttt_steps)
+    positions = torch.arange(t, device=ids.device)[None].expand(b, t)
+    hidden = head.fuse(batch["features"])
+    past_k = past_v = None
+    total = hidden.new_zeros(())
+    sums = torch.zeros(3, ttt_steps, dtype=torch.float64)
+    kept_logits = []
+    for j in range(ttt_steps):
+        n = t - 2 - j  # positions t with a token x_{t+2+j} to predict
+        if n <= 0:
+            break
+        e = torch.zeros_like(embeds)
+        e[:, : t - 1 - j] = embeds[:, 1 + j :]
+        out = head.step(hidden, e, positions + j, masks[j], past_k, past_v)
+        logits = out.logits[:, :n]
+        count = predictable[:, 2 + j :] & in_vocab[:, 1 + j : 1 + j + n]
+        ce = -(t_prob[:, 1 + j : 1 + j + n] * F.log_softmax(logits.float(), dim=-1)).sum(-1)
+        w = count.to(ce.dtype)
+        n_count = w.sum()
+        total = total + step_weight**j * (ce * w).sum() / n_count.clamp(min=1.0)
+        with torch.no_grad():
+            correct = (logits.argmax(-1) == t_arg[:, 1 + j : 1 + j + n]) & count
+            sums[:, j] = torch.stack([(ce.detach() * w).sum(), correct.sum(), n_count]).double().cpu()
+        if keep_logits:
+            kept_logits.append(logits.detach())
+        hidden = out.hidden
+        past_k = out.k if past_k is None else torch.cat([past_k, out.k], dim=2)
+        past_v = out.v if past_v is None else torch.cat([past_v, out.v], dim=2)
+    return TTTOutput(total, sums[0], sums[1], sums[2], kept_logits if keep_logits else None)
+
+
+def _ttt_module():
+    import torch
+
+    class TTTModel(torch.nn.Module):
+        """The head wrapped so that one ``forward`` is one TTT unroll: Accelerate/DDP wraps this
+        module, and gradients are synchronised through its forward. Returns (loss, stats [3, S])."""
+
+        def __init__(self, head: DraftHead):
+            super().__init__()
+            self.head = head
+
+        def forward(self, batch: dict[str, Any], embed: Any, target_head: TargetHead, ttt_steps: int,
+                    step_weight: float) -> tuple[Any, Any]:
+            res = ttt_forward(self.head, batch, embed, target_head, ttt_steps, step_weight)
+            return res.loss, torch.stack([res.step_loss_sum, res.step_correct, res.step_count])
+
+    return TTTModel
+
+
+def lr_lambda(settings: TrainSettings, total_steps: int) -> Callable[[int], float]:
+    """Multiplier of ``lr`` at optimizer step s: linear warmup, then cosine/linear decay to 0 at
+    ``total_steps`` (or constant)."""
+    warm = settings.warmup_steps
+
+    def f(step: int) -> float:
+        if step < warm:
+            return (step + 1) / warm
+        if settings.schedule == "constant" or total_steps <= warm:
+            return 1.0
+        frac = min(1.0, (step - warm) / max(1, total_steps - warm))
+        return 0.5 * (1 + math.cos(math.pi * frac)) if settings.schedule == "cosine" else 1.0 - frac
+
+    return f
+
+
+# ---------------------------------------------------------------------------------------------
+def default_out_dir(target: Any, layer_ids: Sequence[int], fingerprint: dict[str, Any]) -> Path:
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in target.name)
+    return cache_root() / "drafter" / "heads" / f"{safe}-L{'-'.join(map(str, layer_ids))}-{params_key(fingerprint)}"
+
+
+def _checkpoints(out_dir: Path) -> list[Path]:
+    found = [p for p in out_dir.glob("checkpoint-*") if (p / TRAINER_STATE).is_file() and p.name[11:].isdigit()]
+    return sorted(found, key=lambda p: int(p.name[11:]))
+
+
+def _differences(old: dict[str, Any], new: dict[str, Any]) -> str:
+    keys = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+    return "; ".join(f"{k}: {old.get(k)!r} there, {new.get(k)!r} now" for k in keys)
+
+
+def train_drafter(
+    target: Any,
+    store: FeatureStore,
+    layer_ids: Sequence[int],
+    settings: TrainSettings | None = None,
+    out_dir: str | Path | None = None,
+    *,
+    resume: bool = True,
+    progress: bool = True,
+    callback: Callable[[int, dict[str, Any]], None] | None = None,
+) -> TrainResult:
+    """Train a draft head reading ``layer_ids`` (vLLM ids) of ``target`` from ``store`` and save
+    it with :func:`~wavesurf.drafter.head.save_head` in ``out_dir`` (default: a keyed directory
+    under ``cache_root()/drafter/heads``).
+
+    Checkpoints (head, optimizer, scheduler, RNG, steps done, data position) are written
+    atomically every ``checkpoint_every`` steps; with ``resume`` a run continues from the latest
+    one, and a finished run is returned as is. A directory from another target, layer set, store
+    or settings is refused. ``callback(step, record)`` runs after every optimizer step.
+    """
+    import torch
+    from accelerate import Accelerator
+    from accelerate.utils import set_seed
+    from torch.utils.data import DataLoader
+    from tqdm.auto import tqdm
+
+    settings = settings or TrainSettings()
+    settings.check()
+    store.check_target(target)
+    ids = check_draft_layer_ids(layer_ids, target.n_layers)
+    ids = store.check_layer_ids(ids)
+    check_draft_vocab_size(settings.draft_vocab_size, target.vocab_size)
+
+    accelerator = Accelerator(cpu=str(target.device) == "cpu", step_scheduler_with_optimizer=False)
+    if accelerator.device.type != torch.device(target.device).type:
+        raise DrafterError(f"the target is on {target.device} but Accelerate trains on {accelerator.device}; "
+                           "load the target on that device")
+    fingerprint = {"target": [target.name, target.n_layers, target.hidden_size, target.vocab_size],
+                   "store": store.key, "layer_ids": ids, "settings": settings.fingerprint(),
+                   "num_processes": accelerator.num_processes}
+    out = Path(out_dir) if out_dir is not None else default_out_dir(target, ids, fingerprint)
+    from .head import HEAD_CONFIG
+
+    finished = out / HEAD_CONFIG
+    ckpts = _checkpoints(out) if out.is_dir() else []
+    if finished.is_file() or ckpts:
+        if not resume:
+            raise FileExistsError(f"{out} already holds a drafter run; resume it (resume=True) or choose another out_dir")
+        old = (json.loads(finished.read_text())["info"].get("fingerprint") if finished.is_file()
+               else json.loads((ckpts[-1] / TRAINER_STATE).read_text())["fingerprint"])
+        if old != fingerprint:
+            raise DrafterError(f"{out} holds a drafter run with other parameters ({_differences(old or {}, fingerprint)}); "
+                               "choose another out_dir")
+        if finished.is_file():
+            return TrainResult(**json.loads(finished.read_text())["info"]["result"])
+
+    with accelerator.main_process_first():
+        vocab = build_draft_vocab(target, settings.draft_vocab_size, dataset=store.params["dataset"],
+                                  split=store.params["split"], split_seed=store.params["split_seed"],
+                                  max_tokens=settings.vocab_tokens or store.tokens, max_len=store.params["max_len"])
+    set_seed(settings.seed)
+    head = init_head(DraftHead(DraftConfig.for_target(target, ids, settings.draft_vocab_size)), seed=settings.seed)
+    head.set_vocab(torch.from_numpy(vocab.ids))
+    head.to(accelerator.device).train()
+    target_head = TargetHead(target, vocab.ids)
+    embedding = target.model.get_input_embeddings()
+    optimizer = torch.optim.AdamW(head.parameters(), lr=settings.lr, betas=tuple(settings.betas),
+                                  weight_decay=settings.weight_decay)
+
+    def loader_for(epoch: int) -> Any:
+        n = len(store.batches(ids, settings.batch_tokens))
+        order = np.random.default_rng([settings.seed, epoch]).permutation(n)
+        data = store.batches(ids, settings.batch_tokens, order=order)
+        return accelerator.prepare_data_loader(DataLoader(data, batch_size=1, collate_fn=_only, shuffle=False))
+
+    first = loader_for(0)
+    steps_per_epoch = len(first)
+    tokens_per_step = store.tokens / steps_per_epoch  # all processes together
+    limits = [settings.max_steps] if settings.max_steps else []
+    if settings.train_tokens:
+        limits.append(max(1, math.ceil(settings.train_tokens / tokens_per_step)))
+    total_steps = min(limits) if limits else steps_per_epoch
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(settings, total_steps))
+    model, optimizer, scheduler = accelerator.prepare(_ttt_module()(head), optimizer, scheduler)
+
+    state: dict[str, Any] = {"steps": 0, "tokens": 0, "seconds": 0.0, "history": [],
+                             "window": np.zeros((3, settings.ttt_steps)).tolist(), "fingerprint": fingerprint}
+    resumed_at = 0
+    if ckpts:
+        accelerator.load_state(str(ckpts[-1] / "state"))
+        state = json.loads((ckpts[-1] / TRAINER_STATE).read_text())
+        resumed_at = state["steps"]
+    window = np.asarray(state["window"], dtype=np.float64)
+    step = state["steps"]
+    bar = tqdm(total=total_steps, initial=step, unit="step", disable=not (progress and accelerator.is_main_process),
+               desc=f"train {target.name} L{','.join(map(str, ids))}")
+    t_start, seconds0 = time.perf_counter(), state["seconds"]
+    last_record: dict[str, Any] | None = state["history"][-1] if state["history"] else None
+    try:
+        while step < total_steps:
+            epoch, within = divmod(step, steps_per_epoch)
+            loader = first if epoch == 0 and step == 0 else loader_for(epoch)
+            if within:
+                loader = accelerator.skip_first_batches(loader, within)
+            for batch in loader:
+                loss, stats = model(batch, embedding, target_head, settings.ttt_steps, settings.step_weight)
+                accelerator.backward(loss)
+                accelerator.clip_grad_norm_(model.parameters(), settings.grad_clip)
+                optimizer.step()
+                scheduler.step()
+                optimizer.zero_grad(set_to_none=True)
+                step += 1
+                local = torch.cat([stats.flatten(),
+                                   batch["attention_mask"].sum().double().cpu().reshape(1)])
+                summed = accelerator.reduce(local.to(accelerator.device), reduction="sum").cpu().numpy()
+                window += summed[:-1].reshape(3, settings.ttt_steps)
+                state["tokens"] += int(summed[-1])
+                record = None
+                if step % settings.log_every == 0 or step == total_steps:
+                    record = _record(step, state["tokens"], scheduler.get_last_lr()[0], window, settings)
+                    state["history"].append(record)
+                    last_record = record
+                    window[:] = 0
+                    bar.set_postfix(loss=f"{record['loss']:.3f}",
+                                    acc="/".join(f"{a:.2f}" for a in record["accuracy_per_step"][:4]))
+                bar.update(1)
+                if step % settings.checkpoint_every == 0 and step < total_steps:
+                    state.update(steps=step, window=window.tolist(),
+                                 seconds=seconds0 + time.perf_counter() - t_start)
+                    _save_checkpoint(accelerator, out, state)
+                if callback is not None:
+                    callback(step, record or {"step": step})
+                if step >= total_steps:
+                    break
+    finally:
+        bar.close()
+    seconds = seconds0 + time.perf_counter() - t_start
+    record = last_record or _record(step, state["tokens"], settings.lr, window, settings)
+    result = TrainResult(
+        out_dir=str(out), layer_ids=ids, sglang_layer_ids=[i - 1 if i > 0 else None for i in ids], steps=step,
+        train_tokens=int(state["tokens"]), seconds=round(seconds, 3),
+        tokens_per_second=round(state["tokens"] / seconds, 2) if seconds > 0 else 0.0,
+        accuracy=record["accuracy_per_step"], loss=record["loss_per_step"], vocab_coverage=vocab.coverage,
+        history=state["history"], resumed_at_step=resumed_at)
+    if accelerator.is_main_process:
+        info = {"layer_ids": ids, "layer_convention": "vllm (0 = embeddings, N = last block before the final norm)",
+                "sglang_layer_ids": result.sglang_layer_ids, "train_tokens": result.train_tokens,
+                "seconds": result.seconds, "tokens_per_second": result.tokens_per_second,
+                "settings": asdict(settings), "vocab": vocab.summary(), "vocab_coverage": vocab.coverage,
+                "accuracy_per_step": result.accuracy, "loss_per_step": result.loss, "store": store.describe(),
+                "num_processes": accelerator.num_processes, "fingerprint": fingerprint,
+                "result": result.to_dict(history=True)}
+        _save_final(accelerator.unwrap_model(model).head, out, info)
+    accelerator.wait_for_everyone()
+    return result
+
+
+def _only(items: list[Any]) -> Any:
+    return items[0]
+
+
+def _record(step: int, tokens: int, lr: float, window: np.ndarray, settings: TrainSettings) -> dict[str, Any]:
+    loss_sum, correct, count = window
+    with np.errstate(invalid="ignore", divide="ignore"):
+        loss = np.where(count > 0, loss_sum / count, np.nan)
+        acc = np.where(count > 0, correct / count, np.nan)
+    weights = settings.step_weight ** np.arange(settings.ttt_steps)
+    ok = count > 0
+    return {"step": step, "tokens": int(tokens), "lr": float(lr),
+            "loss": float((weights[ok] * loss[ok]).sum()) if ok.any() else float("nan"),
+            "loss_per_step": [round(float(x), 5) for x in loss], "accuracy_per_step": [round(float(x), 5) for x in acc],
+            "positions_per_step": [int(x) for x in count]}
+
+
+def _save_checkpoint(accelerator: Any, out: Path, state: dict[str, Any]) -> None:
+    """Write checkpoint-<step>/ atomically (temporary name, then rename) and drop older ones."""
+    step = state["steps"]
+    tmp = out / f".checkpoint-{step:07d}.tmp"
+    if accelerator.is_main_process:
+        out.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+    accelerator.wait_for_everyone()
+    accelerator.save_state(str(tmp / "state"))
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        (tmp / TRAINER_STATE).write_text(json.dumps(state))
+        final = out / f"checkpoint-{step:07d}"
+        os.replace(tmp, final)
+        for old in _checkpoints(out):
+            if old != final:
+                shutil.rmtree(old, ignore_errors=True)
+    accelerator.wait_for_everyone()
+
+
+def _save_final(head: DraftHead, out: Path, info: dict[str, Any]) -> None:
+    """save_head into a temporary directory, then move the weights and, last, the config in:
+    the config's presence marks a finished run. Checkpoints are removed afterwards."""
+    from .head import HEAD_CONFIG, HEAD_WEIGHTS
+
+    tmp = out / ".final.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    save_head(head, tmp, info)
+    os.replace(tmp / HEAD_WEIGHTS, out / HEAD_WEIGHTS)
+    os.replace(tmp / HEAD_CONFIG, out / HEAD_CONFIG)
+    shutil.rmtree(tmp, ignore_errors=True)
+    for old in _checkpoints(out):
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def settings_from_dict(data: dict[str, Any]) -> TrainSettings:
+    known = {f.name for f in fields(TrainSettings)}
+    data = {k: v for k, v in data.items() if k in known}
+    if "betas" in data:
+        data["betas"] = tuple(data["betas"])
+    return TrainSettings(**data)
+
+
+__all__ = ["TrainSettings", "TrainResult", "train_drafter", "ttt_forward", "ttt_masks", "lr_lambda", "SCHEDULES"]

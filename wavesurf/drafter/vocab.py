@@ -1,0 +1,139 @@
+"""The reduced draft vocabulary of an EAGLE-3 head: the ``draft_vocab_size`` target token ids
+the drafter most often has to predict.
+
+As in EAGLE-3 (``reference/eagle3.md`` 1.4), token ids are counted over the encoded training
+split at the positions the drafter is trained on: assistant tokens. A corpus without assistant
+turns (plain text) counts every non-template (content) token instead; :attr:`DraftVocab.roles`
+says which rule was used. The most frequent ids are taken (ties broken by the smaller id), padded
+with the lowest unused ids if fewer distinct ids occur, and sorted ascending, so that
+``draft id i -> target id ids[i]`` is the head's ``d2t`` map.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..cache import atomic_directory, cache_root, params_key, read_manifest, verify_directory, write_manifest
+from ..data import ROLE_ASSISTANT, ROLE_TEMPLATE, Encoded
+from .head import DrafterError
+
+VOCAB_FORMAT = 1
+#: Tokens tokenized for counting by default (tokenization only: ~1 s per 300k tokens).
+DEFAULT_VOCAB_TOKENS = 2_000_000
+DEFAULT_VOCAB_MAX_LEN = 2048
+
+
+@dataclass
+class DraftVocab:
+    """A draft vocabulary: ``ids`` (int64, ascending target ids, length ``draft_vocab_size``),
+    ``counts`` (how often each id occurred at counted positions) and ``coverage`` (fraction of
+    counted tokens whose id is in ``ids``)."""
+
+    ids: np.ndarray
+    counts: np.ndarray
+    coverage: float
+    counted_tokens: int
+    roles: str  # "assistant" or "content" (no assistant turns in the corpus)
+    info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def size(self) -> int:
+        return int(self.ids.shape[0])
+
+    def summary(self) -> dict[str, Any]:
+        return {"draft_vocab_size": self.size, "coverage": round(self.coverage, 6),
+                "counted_tokens": self.counted_tokens, "roles": self.roles, **self.info}
+
+
+def check_draft_vocab_size(draft_vocab_size: Any, target_vocab_size: int) -> int:
+    """1 <= draft_vocab_size <= the target's vocabulary size."""
+    if isinstance(draft_vocab_size, bool) or not isinstance(draft_vocab_size, (int, np.integer)):
+        raise DrafterError(f"draft_vocab_size must be an integer, got {draft_vocab_size!r}")
+    if not 1 <= int(draft_vocab_size) <= target_vocab_size:
+        raise DrafterError(f"draft_vocab_size={draft_vocab_size} is not allowed: it must be between 1 and the "
+                           f"target's vocabulary size {target_vocab_size}")
+    return int(draft_vocab_size)
+
+
+def count_tokens(encoded: list[Encoded], vocab_size: int) -> tuple[np.ndarray, str]:
+    """Histogram [vocab_size] of ids at assistant positions, or at content (non-template)
+    positions when no example has an assistant token. Returns (counts, roles rule)."""
+    has_assistant = any(bool((e.roles == ROLE_ASSISTANT).any()) for e in encoded)
+    rule = "assistant" if has_assistant else "content"
+    counts = np.zeros(vocab_size, dtype=np.int64)
+    for e in encoded:
+        keep = e.roles == ROLE_ASSISTANT if has_assistant else e.roles != ROLE_TEMPLATE
+        ids = e.input_ids[keep]
+        if ids.size and (ids.max() >= vocab_size or ids.min() < 0):
+            raise DrafterError(f"token id {int(ids.max())} is outside the target vocabulary 0..{vocab_size - 1}")
+        counts += np.bincount(ids, minlength=vocab_size)
+    return counts, rule
+
+
+def select_vocab(counts: np.ndarray, draft_vocab_size: int) -> tuple[np.ndarray, float]:
+    """The ``draft_vocab_size`` most frequent ids (ties: smaller id first; ids never seen fill up
+    from the lowest), ascending, and the fraction of counted tokens they cover."""
+    n = check_draft_vocab_size(draft_vocab_size, counts.shape[0])
+    order = np.lexsort((np.arange(counts.shape[0]), -counts))  # by count desc, then id asc
+    ids = np.sort(order[:n]).astype(np.int64)
+    total = int(counts.sum())
+    coverage = float(counts[ids].sum() / total) if total else 0.0
+    return ids, coverage
+
+
+def vocab_dir(model_name: str, key: str) -> Path:
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in model_name)
+    return cache_root() / "drafter" / "vocab" / f"{safe}-{key}"
+
+
+def build_draft_vocab(
+    target: Any,
+    draft_vocab_size: int,
+    *,
+    dataset: str = "sharegpt",
+    split: str | None = "train",
+    split_seed: int = 0,
+    max_tokens: int = DEFAULT_VOCAB_TOKENS,
+    max_len: int = DEFAULT_VOCAB_MAX_LEN,
+    use_cache: bool = True,
+) -> DraftVocab:
+    """Count ids over ``max_tokens`` tokens of the encoded training split and keep the
+    ``draft_vocab_size`` most frequent. Cached under ``cache_root()/drafter/vocab/<model>-<key>/``
+    (the counts are stored, so other sizes of the same corpus budget reuse them)."""
+    from .. import __version__
+    from ..data import encode_budget, load_corpus
+
+    check_draft_vocab_size(draft_vocab_size, target.vocab_size)
+    params = {"format": VOCAB_FORMAT, "wavesurf": __version__, "model": target.name, "source": target.source,
+              "vocab_size": target.vocab_size, "chat_template": target.has_chat_template, "dataset": dataset,
+              "split": split, "split_seed": split_seed, "max_tokens": max_tokens, "max_len": max_len}
+    key = params_key(params)
+    where = vocab_dir(target.name, key)
+    counts = rule = None
+    if use_cache and verify_directory(where) is None:
+        try:
+            counts = np.load(where / "counts.npy")
+            rule = read_manifest(where)["roles"]
+        except (OSError, KeyError, ValueError):
+            counts = None
+    if counts is None or counts.shape != (target.vocab_size,):
+        t0 = time.perf_counter()
+        corpus = load_corpus(dataset, split=split, seed=split_seed)
+        encoded = encode_budget(corpus, target.tokenizer, target.has_chat_template, max_tokens, max_len)
+        counts, rule = count_tokens(encoded, target.vocab_size)
+        if use_cache:
+            with atomic_directory(where, overwrite=True) as tmp:
+                np.save(tmp / "counts.npy", counts)
+                write_manifest(tmp, {**params, "roles": rule, "counted_tokens": int(counts.sum()),
+                                     "seconds": round(time.perf_counter() - t0, 2)})
+    ids, coverage = select_vocab(counts, draft_vocab_size)
+    info = {"dataset": dataset, "split": split, "split_seed": split_seed, "max_tokens": max_tokens,
+            "max_len": max_len, "distinct_ids": int((counts > 0).sum()), "key": key}
+    return DraftVocab(ids, counts[ids], coverage, int(counts.sum()), str(rule), info)
+
+
+__all__ = ["DraftVocab", "build_draft_vocab", "check_draft_vocab_size", "count_tokens", "select_vocab"]
