@@ -63,7 +63,8 @@ ctrl = paper.control_view(sel)
 ids = sel.layer_ids
 
 # %% tags=["hide-input"]
-fig, axes = plt.subplots(1, 4, figsize=(15, 3.4))
+fig, axes = plt.subplots(2, 2, figsize=(10, 7))
+axes = axes.ravel()
 cf, cr = paper.depth_curves(sel), paper.depth_curves(ctrl)
 plots.plot_depth([(f"filtered ({sel.meta['filter']['filter']})", ids, cf["S1_norm"]), ("random, same size", ids, cr["S1_norm"])],
                  "normalised S₁", ax=axes[0], compartments=sel.compartments, styles=[{}, {"ls": "--", "marker": "s"}])
@@ -80,10 +81,11 @@ plt.close(fig)
 from IPython.display import HTML
 
 cols = ["filter", "subset", "threshold_nats", "kept_fraction", "tokens", "mean_normalized_entropy",
-        "mean_neighbour_cka", "mean_cka_to_last", "compartments", "selected_ids"]
+        "mean_neighbour_cka", "mean_cka_to_last", "n_compartments", "selected_ids"]
 HTML(plots.html_table(rows, cols, headers={"threshold_nats": "threshold (nats)", "kept_fraction": "kept",
                                            "mean_normalized_entropy": "mean S₁/max", "mean_neighbour_cka": "mean CKA(i,i+1)",
-                                           "mean_cka_to_last": "mean CKA(i,N)", "selected_ids": "combined picks"}))
+                                           "mean_cka_to_last": "mean CKA(i,N)", "n_compartments": "compartments",
+                                           "selected_ids": "combined picks"}))
 
 # %% tags=["remove-input"]
 f = sel.meta["filter"]
@@ -110,7 +112,7 @@ glue("n_filters", len(names) - 1, display=False)
 # %% [markdown]
 # ```{glue:figure} fig_filtering
 # Left: normalised α = 1 entropy across depth on the positions kept by the filter
-# {glue:text}`filter` (solid) and on a random subset of the same size (dashed). Right three:
+# {glue:text}`filter` (solid) and on a random subset of the same size (dashed). The other three:
 # summaries against the kept fraction for {glue:text}`n_filters` thresholds (1 = no filter):
 # mean normalised entropy, mean next-layer CKA, mean CKA with the last block, filtered (circles)
 # against random (squares). **What to see:** the gap between filtered and random curves is the

@@ -174,7 +174,7 @@ def _fmt_s(seconds: float) -> str:
     return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
 
 
-def _previous_times(final: Path, profile: str) -> dict[str, float]:
+def _previous_times(final: Path, profile: str, field: str = "seconds") -> dict[str, float]:
     run = final / "run.json"
     if not run.exists():
         return {}
@@ -184,7 +184,7 @@ def _previous_times(final: Path, profile: str) -> dict[str, float]:
         return {}
     if info.get("profile") != profile:
         return {}
-    return {k: float(v["seconds"]) for k, v in info.get("notebooks", {}).items()}
+    return {k: float(v.get(field, v["seconds"])) for k, v in info.get("notebooks", {}).items()}
 
 
 def _stage(final: Path, stage: Path, rerun: Sequence[NotebookSpec], profile: str, say: Callable[[str], None]) -> dict:
@@ -250,6 +250,8 @@ def reproduce(model: str, profile: str = "default", only: str | Sequence[str] | 
     dirs = {"model": book / "results" / safe_name(model), "all": book / ACROSS_DIR}
     stages = {scope: work / f"staging-{scope}-{safe_name(model)}" for scope in dirs}
     previous = {**_previous_times(dirs["model"], profile), **_previous_times(dirs["all"], profile)}
+    first_times = {**_previous_times(dirs["model"], profile, "first_seconds"),
+                   **_previous_times(dirs["all"], profile, "first_seconds")}
     scopes = sorted({s.scope for s in specs})
     say(f"wavesurf reproduce: {len(specs)} notebook(s) for {model}, profile {profile}: "
         + ", ".join(s.stem for s in specs))
@@ -288,8 +290,12 @@ def reproduce(model: str, profile: str = "default", only: str | Sequence[str] | 
     hw = hardware()
     stamp = time.strftime("%Y-%m-%d %H:%M:%S")
     for scope in scopes:
-        entries = {**carried[scope], **{s.stem: {"seconds": round(times[s.stem], 1), "finished": stamp}
-                                         for s in specs if s.scope == scope}}
+        entries = dict(carried[scope])
+        for s in specs:
+            if s.scope == scope:  # keep the first (uncached) time of this profile beside this run's
+                first = first_times.get(s.stem, times[s.stem])
+                entries[s.stem] = {"seconds": round(times[s.stem], 1), "first_seconds": round(first, 1),
+                                   "finished": stamp}
         info = {"model": model, "profile": profile, "parameters": params, "notebooks": entries, "hardware": hw,
                 "finished": stamp}
         (stages[scope] / "run.json").write_text(json.dumps(info, indent=2))
@@ -375,7 +381,8 @@ def write_generated(book: Path, primary: str | None = None) -> None:
         parts = ["No results yet: run `wavesurf reproduce --model smollm2-135m --profile default`."]
     (gen / "answer.md").write_text("\n\n".join(parts) + "\n")
 
-    rows = ["| model | profile | notebook | seconds | finished |", "|---|---|---|---:|---|"]
+    rows = ["| model | profile | notebook | seconds, this run | seconds, first run of the profile | finished |",
+            "|---|---|---|---:|---:|---|"]
     hw_lines = []
     for d in [results / m for m in models] + [book / ACROSS_DIR]:
         if not (d / "run.json").exists():
@@ -383,7 +390,8 @@ def write_generated(book: Path, primary: str | None = None) -> None:
         info = json.loads((d / "run.json").read_text())
         where = "all models" if d.name == ACROSS_DIR else info["model"]
         for stem, v in info["notebooks"].items():
-            rows.append(f"| {where} | {info['profile']} | {stem} | {v['seconds']:.1f} | {v['finished']} |")
+            rows.append(f"| {where} | {info['profile']} | {stem} | {v['seconds']:.1f} | "
+                        f"{v.get('first_seconds', v['seconds']):.1f} | {v['finished']} |")
         hw = info.get("hardware", {})
         hw_lines.append(f"- {where}: {hw.get('processor')} with {hw.get('cpu_count')} CPU cores, "
                         f"{hw.get('torch_threads')} torch threads, GPU {hw.get('gpu') or 'none'}, "
