@@ -1,4 +1,5 @@
-"""Open the built book in headless Chromium and fail on a missing figure or broken image.
+"""Open the built book in headless Chromium and fail on a missing figure, a broken image, an
+asset fetched from the network, or equations MathJax did not typeset.
 
 Serves ``book/_build/html`` on 127.0.0.1 (loopback only), loads every results page (plus the
 introduction) inside a same-origin checker page that waits for the images and reports each one's
@@ -32,11 +33,17 @@ f.onload = async () => {
   const doc = f.contentDocument;
   const imgs = Array.from(doc.querySelectorAll("main img, article img, .bd-article img"));
   await Promise.all(imgs.map(i => i.complete ? null : new Promise(r => { i.onload = r; i.onerror = r; })));
+  const mj = f.contentWindow.MathJax;
+  if (mj && mj.startup && mj.startup.promise) { await mj.startup.promise; }
   const text = doc.body ? doc.body.innerText : "";
+  const remote = Array.from(doc.querySelectorAll("script[src], link[rel=stylesheet], img[src]"))
+    .map(e => e.getAttribute("src") || e.getAttribute("href")).filter(u => /^(https?:)?\/\//.test(u));
   document.getElementById("result").textContent = JSON.stringify({
     page, title: doc.title,
     images: imgs.map(i => ({src: i.getAttribute("src"), naturalWidth: i.naturalWidth})),
     glued_as_text: (text.match(/<Figure size [^>]*>/g) || []).length,
+    remote_assets: remote, math: doc.querySelectorAll("mjx-container").length,
+    raw_math: doc.querySelectorAll(".math").length,
   });
 };
 f.src = page;
@@ -92,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     pages = sorted(p.relative_to(html).as_posix() for p in html.glob("results/*/*.html"))
     pages += sorted(p.relative_to(html).as_posix() for p in html.glob("across-models/*.html"))
     results_pages = set(pages)
-    pages = ["intro.html"] + pages
+    pages = ["intro.html", "methods.html"] + pages
     if not results_pages:
         print("FAIL: the book has no results pages")
         return 1
@@ -122,10 +129,16 @@ def main(argv: list[str] | None = None) -> int:
             if page in results_pages and not info["images"]:
                 problems.append(f"{page}: no figure on a results page")
                 status = "NO FIGURE"
+            if info["remote_assets"]:
+                problems.append(f"{page}: assets loaded from the network {info['remote_assets']}")
+                status = "REMOTE ASSET"
+            if info["raw_math"] and not info["math"]:
+                problems.append(f"{page}: {info['raw_math']} equations were not typeset (MathJax did not run)")
+                status = "NO MATH"
             if info["glued_as_text"]:
                 problems.append(f"{page}: {info['glued_as_text']} figure(s) rendered as '<Figure size ...>' text")
                 status = "FIGURE AS TEXT"
-            print(f"{status:<14} {page}  ({len(info['images'])} images, title {info['title']!r}) -> {shot}")
+            print(f"{status:<14} {page}  ({len(info['images'])} images, {info['math']} equations typeset) -> {shot}")
     finally:
         server.shutdown()
     if problems:
