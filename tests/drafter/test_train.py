@@ -158,5 +158,5 @@ def test_cli_train(smollm, tmp_cache, tmp_path, capsys):
     out = json.loads(capsys.readouterr().out)
     assert out["steps"] == 3 and out["layer_ids"] == LAYERS and out["feature_store"]["layer_ids"] == [2, 15, 27, 30]
     assert (tmp_path / "cli" / "drafter.safetensors").is_file()
-    assert main(["train", "--layers", "2,15,27", "--draft-vocab", "60000", "--quiet"]) == 2
-    assert "draft_vocab_size=60000" in capsys.readouterr().err
+    assert main(["train", "--layers", "2,15,27", "--warmup-steps", "-1", "--quiet"]) == 2  # before the model loads
+    assert "wavesurf train: error: warmup_steps=-1" in capsys.readouterr().err

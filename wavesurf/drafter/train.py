@@ -15,8 +15,13 @@ Alignment, for a sequence of tokens x_0..x_{T-1} and target states at every posi
   target's argmax at t+1+j lies in the draft vocabulary; step j's loss is the soft-label
   cross-entropy averaged over counted positions, and the total is ``sum_j step_weight**j * loss_j``.
 
-Built on HF Accelerate: ``accelerate launch --num_processes P -m wavesurf.cli train ...`` runs data
-parallel with no code change (each process reads every P-th batch; the batch size is per process).
+Built on HF Accelerate, so data parallel needs no code change: each process reads every P-th batch
+and ``batch_tokens`` is per process. On GPUs: ``accelerate launch --multi_gpu --num_processes P -m
+wavesurf.cli train ...``. On a CPU-only machine the same command works (torchrun starts P processes;
+a CPU target makes them join one gloo group); ``accelerate launch --cpu --num_processes P`` starts
+only one process unless MPI is set up. Verified: ``accelerate launch --multi_gpu --num_processes 2
+--num_machines 1 --mixed_precision no --dynamo_backend no -m wavesurf.cli train --layers 2,15,27 ...``
+on 2 CPU cores.
 """
 from __future__ import annotations
 
