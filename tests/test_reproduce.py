@@ -256,3 +256,13 @@ def test_only_reruns_some_pages_and_leaves_no_stale_figure(tmp_path):
     reproduce("smollm2-135m", "default", only="02", **quiet)
     assert {p.name for p in (page / "figures").iterdir()} == {"02_plot.png"}
     assert json.loads((page / "run.json").read_text())["profile"] == "default"
+
+
+def test_cli_reproduce_errors(capsys):
+    from wavesurf.cli import main
+
+    assert main(["reproduce", "--profile", "turbo", "--no-build"]) == 2
+    assert "wavesurf reproduce: error: unknown profile 'turbo'; available: smoke, default, paper" in capsys.readouterr().err
+    assert main(["reproduce", "--only", "01,99", "--no-build"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown notebook(s) ['99']" in err and "05_layer_selection" in err
