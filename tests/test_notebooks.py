@@ -72,3 +72,35 @@ def test_notebooks_smoke_profile_through_papermill_and_nbval(smollm, tmp_path):
     assert " passed" in out and "failed" not in out
     for spec in NOTEBOOKS:  # every notebook wrote its figures
         assert list((tmp_path / "figures").glob(f"{spec.number}_*.png")), spec.stem
+    _build_book_from(tmp_path, tmp_path / "project")
+
+
+def _build_book_from(executed: Path, project: Path) -> None:
+    """The book builds with warnings as errors from these executed notebooks: every glue key the
+    prose and the generated introduction quote exists, citations resolve, figures are found."""
+    import json
+    import shutil
+
+    from wavesurf.reproduce import ACROSS_DIR, build_book, finish_page, hardware, write_generated
+
+    book = project / "book"
+    shutil.copytree(repo_root() / "book", book, symlinks=False,
+                    ignore=shutil.ignore_patterns("_build", "results", ACROSS_DIR, "generated"))
+    for name in ("_config.yml", "_toc.yml"):
+        (book / name).unlink(missing_ok=True)
+        shutil.copy(repo_root() / name, book / name)
+    for scope_dir, specs in ((book / "results" / "smollm2-135m", [s for s in NOTEBOOKS if s.scope == "model"]),
+                             (book / ACROSS_DIR, [s for s in NOTEBOOKS if s.scope == "all"])):
+        scope_dir.mkdir(parents=True)
+        for spec in specs:
+            shutil.copy(executed / f"{spec.stem}.ipynb", scope_dir)
+            finish_page(scope_dir / f"{spec.stem}.ipynb", "smollm2-135m" if spec.scope == "model" else None)
+        for sub in ("figures", "tables"):
+            shutil.copytree(executed / sub, scope_dir / sub)
+        (scope_dir / "run.json").write_text(json.dumps({
+            "model": "smollm2-135m", "profile": "smoke", "hardware": hardware(),
+            "notebooks": {s.stem: {"seconds": 1.0, "finished": "now"} for s in specs}}))
+    write_generated(book, primary="smollm2-135m")
+    html = build_book(book)
+    intro = (html.parent / "intro.html").read_text()
+    assert "The answer in numbers" in intro and "01_entropy_depth.png" in intro
