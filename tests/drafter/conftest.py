@@ -10,7 +10,13 @@ TINY = {"max_tokens": 2000, "max_len": 128, "batch_tokens": 512, "layer_ids": [1
 
 @pytest.fixture
 def tmp_cache(smollm, monkeypatch, tmp_path):
-    """WAVESURF_CACHE -> a fresh directory for results written by the test (vocab counts, stores)."""
+    """WAVESURF_CACHE -> a fresh directory for results written by the test (vocab counts, stores);
+    its ``models`` links to the real model cache, so a CLI call does not dequantize again."""
+    from wavesurf.cache import cache_root
+
+    models = cache_root() / "models"
+    (tmp_path / "cache").mkdir()
+    (tmp_path / "cache" / "models").symlink_to(models, target_is_directory=True)
     monkeypatch.setenv("WAVESURF_CACHE", str(tmp_path / "cache"))
     return tmp_path / "cache"
 

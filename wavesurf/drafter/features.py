@@ -178,6 +178,8 @@ def build_feature_store(
                                f"({_diff(old.get('params', {}), params)}); remove it or choose another path")
     else:
         _write_json_atomic(build_file, {"params": params, "key": key})
+    for stale in where.glob(".shard_*.tmp"):  # a shard whose write was interrupted
+        stale.unlink()
     done = 0
     while (where / _shard_name(done)).is_file():
         done += 1

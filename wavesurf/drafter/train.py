@@ -321,6 +321,9 @@ def train_drafter(
         if finished.is_file():
             return TrainResult(**json.loads(finished.read_text())["info"]["result"])
 
+    if accelerator.is_main_process and out.is_dir():  # checkpoints whose write was interrupted
+        for stale in out.glob(".checkpoint-*.tmp"):
+            shutil.rmtree(stale, ignore_errors=True)
     with accelerator.main_process_first():
         vocab = build_draft_vocab(target, settings.draft_vocab_size, dataset=store.params["dataset"],
                                   split=store.params["split"], split_seed=store.params["split_seed"],
