@@ -6,7 +6,7 @@ content)::
 
     build.json                 parameters; written first, checked when a build resumes
     shard_00000.safetensors    one capture batch, real tokens only (no padding):
-        hidden.<id>   [n, d] float16 (or float32)   residual stream of vLLM layer id
+        hidden.<id>   [n, d] float16 (float32 where float16 would overflow, or dtype="float32")
         input_ids     [n] int64
         loss_mask     [n] bool    token is an assistant token (or content, see ``loss_roles``)
         target_argmax [n] int64   argmax of the target's full next-token distribution
@@ -18,7 +18,8 @@ Layer N (last block, before the final norm) is always stored: the trainer recomp
 target's next-token logits over the draft vocabulary from it (:class:`TargetHead`) instead of
 storing [n, V] logits. Shards are written atomically one by one, so an interrupted build keeps
 its finished shards and a rebuild continues after them. Disk: ``2 * d * len(layer_ids)`` bytes
-per token for float16 states, plus 25 bytes of ids and masks.
+per token for float16 states (4 * d for a layer whose values overflow float16 in a shard, as
+Gemma's residual streams do), plus 25 bytes of ids and masks.
 """
 from __future__ import annotations
 
@@ -191,6 +192,7 @@ def build_feature_store(
     bar = tqdm(total=total, initial=written, unit="tok", unit_scale=True, disable=not progress,
                desc=f"features {target.name}", smoothing=0.1)
     t0 = time.perf_counter()
+    widened: list[list[int]] = []  # [shard, layer] stored float32 because float16 would overflow
     try:
         for i in range(done, len(batches)):
             batch = batches[i]
@@ -199,10 +201,17 @@ def build_feature_store(
                                  batch_tokens=width * len(batch), progress=False))
             m = cb.attention_mask
             lengths = m.sum(1)
-            tensors = {f"hidden.{j}": cb.hidden[j][m].to(torch_dtype).cpu().contiguous() for j in ids}
-            bad = [j for j, t in tensors.items() if not bool(torch.isfinite(t).all())]
-            if bad:
-                raise DrafterError(f"{bad} overflow {settings.dtype} in batch {i}; build the store with dtype='float32'")
+            tensors = {}
+            for j in ids:
+                state = cb.hidden[j][m]
+                small = state.to(torch_dtype)
+                if bool(torch.isfinite(small).all()):
+                    tensors[f"hidden.{j}"] = small.cpu().contiguous()
+                elif bool(torch.isfinite(state).all()):  # beyond float16's range (Gemma): keep this one float32
+                    tensors[f"hidden.{j}"] = state.float().cpu().contiguous()
+                    widened.append([i, j])
+                else:
+                    raise DrafterError(f"layer {j} of batch {i} holds non-finite values; the target's forward is broken")
             roles = cb.roles[m]
             loss_mask = roles == ROLE_ASSISTANT if has_assistant else roles != ROLE_TEMPLATE
             tensors.update({
@@ -226,6 +235,7 @@ def build_feature_store(
     info = {"params": params, "key": key, "layer_ids": ids, "loss_roles": loss_roles, "tokens": total,
             "shards": shards, "convention": "vllm (0 = embeddings, N = last block before the final norm)",
             "bytes_per_token_states": (2 if settings.dtype == "float16" else 4) * target.hidden_size * len(ids),
+            "float32_fallback_last_session": widened,
             "build_seconds_last_session": round(seconds, 2),
             "build_tokens_per_second_last_session": round((total - sum(s["tokens"] for s in shards[:done])) / seconds, 1)
             if seconds > 0 and done < len(batches) else None}
