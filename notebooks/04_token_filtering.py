@@ -111,7 +111,7 @@ glue("n_filters", len(names) - 1, display=False)
 
 # %% [markdown]
 # ```{glue:figure} fig_filtering
-# Left: normalised α = 1 entropy across depth on the positions kept by the filter
+# Top left: normalised α = 1 entropy across depth on the positions kept by the filter
 # {glue:text}`filter` (solid) and on a random subset of the same size (dashed). The other three:
 # summaries against the kept fraction for {glue:text}`n_filters` thresholds (1 = no filter):
 # mean normalised entropy, mean next-layer CKA, mean CKA with the last block, filtered (circles)
