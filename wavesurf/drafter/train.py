@@ -56,6 +56,9 @@ class TrainSettings:
     ``max_steps`` optimizer steps, or after ``train_tokens`` real tokens (converted to steps with
     the store's mean tokens per batch), whichever comes first; with neither, one pass over the
     store. ``vocab_tokens`` None counts the draft vocabulary over the store's own token budget.
+    ``lr`` is higher than EAGLE-3's 5e-5 (tuned there for 800k steps) because runs here are short.
+    Memory grows with ``batch_tokens * ttt_steps * draft_vocab_size`` (one float32 [tokens, V_d]
+    log-softmax per unrolled step is kept for the backward pass).
     """
 
     ttt_steps: int = 7
