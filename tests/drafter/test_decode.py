@@ -211,3 +211,16 @@ def test_sampling_rule_preserves_the_target_distribution():
         q = torch.softmax(logits[row].double() / temp, -1)
         chi = float(((got - m * q) ** 2 / (m * q)).sum())
         assert chi < 20.5, (a, got, m * q)
+
+
+def test_near_tie_replay_reproduces_hf(smollm, prompts):
+    """tie_eps so large that every position counts as a near tie: each decision is made by the
+    HF-way replay, which must reproduce HF greedy exactly and be counted in the forwards."""
+    ids = _ids(smollm, prompts[1])
+    ref = hf_generate(smollm, ids, 12).tokens
+    head = OracleHead(smollm, list(map(int, ids)) + ref, miss_every=3)
+    got = speculative_generate(smollm, head, ids, 12, mode="tree", depth=3, top_k=2, total_tokens=5, tie_eps=1e9)
+    assert got.tokens == ref
+    assert got.tie_rechecks > 0 and all(a == 0 for a in got.accepted)  # the replay stops at the root row
+    assert got.n_target_forwards == 1 + len(got.cycle_tokens)
+    assert got.tau < 1  # replay forwards count against tau

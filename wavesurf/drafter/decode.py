@@ -23,13 +23,19 @@ target distribution, otherwise set p(x) = 0 and renormalise; when no child is ac
 the next token from what is left. Each committed token is therefore an exact sample of the
 target distribution at temperature T.
 
-Near ties. A multi-token verify forward and a one-token decode step run different float32
-kernels and differ by ~1e-6..1e-5 in the logits; when the target's top-2 logit gap is that small
-the argmax can flip and the output stops being token-identical to HF ``generate``. With
-``tie_eps > 0`` (default :data:`DEFAULT_TIE_EPS`) a path position whose top-2 gap is below
-``tie_eps`` is not decided by the verify forward: the cache is cut back to just before it and the
-token there is decided by a single-token forward, the same computation shape as HF's decode step.
-``DecodeResult.tie_rechecks`` counts these forwards.
+Near ties. A multi-token verify forward (explicit tree mask, several rows) and HF's one-token
+decode step run different float32 kernels: the logits differ by up to ~6e-5 on SmolLM2 (measured,
+``benchmarks/near_ties.py``), and the KV rows they leave in the cache differ too, so re-running
+just the last token alone does not reproduce HF. Where the target's top-2 gap is that small the
+greedy argmax can flip. With ``tie_eps > 0`` (default :data:`DEFAULT_TIE_EPS`, ~17x the largest
+difference seen), a path position whose top-2 gap is below ``tie_eps`` is decided by a *replay*:
+the cache is cut back to the prompt (whose prefill is computed exactly as HF computes it) and every
+generated token up to that position is re-run one at a time HF's way; that reproduces HF's logits
+bit for bit on SmolLM2 (measured: max difference 0.0), so the decision is HF's. The replay costs
+one forward per token generated so far; gaps below 1e-3 occur about once per ~2000 tokens, and
+``DecodeResult.tie_rechecks`` counts the extra forwards (they count in tau). Exactness of the
+replay holds while the context fits Gemma-3's 512-token sliding window (HF's sliding cache then
+holds the same rows as ours).
 
 Target attention: the target is called with an explicit 4D boolean mask (``sdpa``; an additive
 float mask for ``eager``), and for models with sliding-window layers (Gemma-3) with a
@@ -141,7 +147,7 @@ class DecodeResult:
     cycle_tokens: list[int] = field(default_factory=list)  # tokens committed by each forward after the prefill
     accepted: list[int] = field(default_factory=list)  # draft tokens accepted per cycle (speculative only)
     draft_steps: int = 0  # draft-head forwards (extend + expansion levels)
-    tie_rechecks: int = 0  # extra one-token target forwards at near ties
+    tie_rechecks: int = 0  # extra one-token target forwards spent on near-tie replays
     prompt_tokens: int = 0
     stopped: str = ""  # "eos" or "max_new_tokens"
 
@@ -249,23 +255,29 @@ class _TargetRunner:
             return torch.zeros(m.shape, dtype=dtype, device=m.device).masked_fill_(~m, torch.finfo(dtype).min)
         return m
 
-    def forward(self, ids: torch.Tensor, positions: torch.Tensor, tree: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward(self, ids: torch.Tensor, positions: torch.Tensor, tree: torch.Tensor | None = None,
+                logits_rows: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Run ``ids`` [T] at ``positions`` [T]; ``tree`` bool [T, T] says which new token sees
-        which (all cached rows are visible). Returns logits [T, V] (float32) and features
+        which (all cached rows are visible); ``tree=None`` means plain causal order right after the
+        cache and lets HF build its own masks, the exact computation of HF's prefill / decode step.
+        Returns logits [T, V] (float32; only the last ``logits_rows`` rows if > 0) and features
         [T, k*d] (ascending layer ids) or None."""
         past = self.length
         dev = ids.device
-        allowed = torch.cat([torch.ones(len(ids), past, dtype=torch.bool, device=dev), tree], dim=1)
-        if self.dict_mask:
-            kpos = torch.cat([self.key_positions, positions])
-            near = (positions[:, None] - kpos[None, :]) < self.sliding
-            mask: Any = {"full_attention": self._mask(allowed), "sliding_attention": self._mask(allowed & near)}
+        if tree is None:
+            mask: Any = None
         else:
-            mask = self._mask(allowed)
+            allowed = torch.cat([torch.ones(len(ids), past, dtype=torch.bool, device=dev), tree], dim=1)
+            if self.dict_mask:
+                kpos = torch.cat([self.key_positions, positions])
+                near = (positions[:, None] - kpos[None, :]) < self.sliding
+                mask = {"full_attention": self._mask(allowed), "sliding_attention": self._mask(allowed & near)}
+            else:
+                mask = self._mask(allowed)
         if self.hooks is not None:
             self.hooks.states = {}
         out = self.model(input_ids=ids[None], position_ids=positions[None], attention_mask=mask,
-                         cache=self.cache, use_cache=True)
+                         cache=self.cache, use_cache=True, logits_to_keep=logits_rows)
         self.forwards += 1
         self.key_positions = torch.cat([self.key_positions, positions])
         feats = None
@@ -533,8 +545,9 @@ class SpeculativeDecoder:
         cycles, accepted, rechecks = [], [], 0
         try:
             n = len(ids)
-            logits, feats = runner.forward(ids, torch.arange(n, device=dev), torch.ones(n, n, dtype=torch.bool, device=dev).tril())
-            first = _sample(logits[n - 1].cpu(), temperature, gen)  # the prefill is one forward in HF too
+            # the prefill exactly as HF computes it (its own causal masks, logits of the last row only)
+            logits, feats = runner.forward(ids, torch.arange(n, device=dev), None, logits_rows=1)
+            first = _sample(logits[-1].cpu(), temperature, gen)
             produced, done = _finish([first], [], self.eos, max_new_tokens)
             # target features f_0..f_{n-1} and the tokens that follow them x_1..x_n
             pend_feats, pend_next, start = feats, torch.cat([ids[1:], torch.tensor([first], device=dev)]), 0
@@ -547,17 +560,14 @@ class SpeculativeDecoder:
                 vpos = m + torch.tensor([0] + tree.level, device=dev)
                 logits, feats = runner.forward(vids, vpos, self._tree_mask(tree, dev))
                 path, bonus = self._accept(logits, tree, temperature, gen)
-                did = 0
-                extra_feat = None
+                did, new_feats = 0, None
                 if temperature == 0 and self.tie_eps > 0:
-                    path, bonus, extra_feat, did = self._recheck(runner, logits, path, bonus, vids, vpos, m)
+                    path, bonus, new_feats, did = self._tie_replay(runner, logits, path, bonus, vids, seq, len(ids))
                     rechecks += did
-                rows = torch.tensor(path, device=dev)
-                if extra_feat is None:
+                if new_feats is None:
+                    rows = torch.tensor(path, device=dev)
                     runner.keep(m, rows)
                     new_feats = feats[rows]
-                else:  # the last path row was re-run alone; the cache already holds it
-                    new_feats = torch.cat([feats[rows[:-1]], extra_feat])
                 new_tokens = [int(vids[r]) for r in path[1:]] + [bonus]
                 before = len(produced)
                 produced, done = _finish(new_tokens, produced, self.eos, max_new_tokens)
@@ -575,17 +585,27 @@ class SpeculativeDecoder:
                             prompt_tokens=len(ids),
                             stopped="eos" if produced and produced[-1] in self.eos else "max_new_tokens")
 
-    def _recheck(self, runner: _TargetRunner, logits: torch.Tensor, path: list[int], bonus: int,
-                 vids: torch.Tensor, vpos: torch.Tensor, m: int):
-        """At T=0, find the first path row whose top-2 gap is below ``tie_eps``; decide the token
-        after it with a one-token forward (cache cut back to just before that row)."""
+    def _tie_replay(self, runner: _TargetRunner, logits: torch.Tensor, path: list[int], bonus: int,
+                    vids: torch.Tensor, seq: torch.Tensor, n_prompt: int):
+        """At T=0, find the first path row whose top-2 logit gap is below ``tie_eps``. There the
+        verify forward's decision is not trusted: every generated token up to that row is re-run
+        one at a time the way HF decodes (its own masks, one row), over the prompt's cache rows
+        (computed by an HF-identical prefill), and the token after the row is that forward's argmax.
+        Returns the path cut at the row, the decided token, the features of the new positions and
+        the number of extra forwards (0 and ``None`` features when there is no near tie)."""
         for i, r in enumerate(path):
             top2 = logits[r].topk(2).values
-            if float(top2[0] - top2[1]) < self.tie_eps:
-                keep = torch.tensor(path[:i], dtype=torch.long, device=vids.device)
-                runner.keep(m, keep)
-                lg, f = runner.forward(vids[r : r + 1], vpos[r : r + 1], torch.ones(1, 1, dtype=torch.bool, device=vids.device))
-                return path[: i + 1], int(torch.argmax(lg[0])), f, 1
+            if float(top2[0] - top2[1]) >= self.tie_eps:
+                continue
+            dev = vids.device
+            replay = torch.cat([seq[n_prompt:], vids[torch.tensor(path[1 : i + 1], dtype=torch.long, device=dev)]])
+            runner.keep(n_prompt, torch.zeros(0, dtype=torch.long, device=dev))
+            feats = []
+            for j, tok in enumerate(replay):
+                lg, f = runner.forward(tok.view(1), torch.tensor([n_prompt + j], device=dev), None)
+                feats.append(f)
+            new_feats = torch.cat(feats[-(i + 1):]) if feats[0] is not None else None
+            return path[: i + 1], int(torch.argmax(lg[0])), new_feats, len(replay)
         return path, bonus, None, 0
 
 
