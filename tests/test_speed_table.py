@@ -28,3 +28,29 @@ def test_layer_sets_cover_default_methods_and_controls(small_stats):
     ids = [tuple(s.layer_ids) for s in sets]
     assert len(ids) == len(set(ids))  # duplicates merged into aliases
     assert all(s.group in ("default", "selected", "control") for s in sets)
+
+
+def test_run_speed_table_trains_each_set_and_seed_once(smollm):
+    from wavesurf.profiles import get_profile
+    from wavesurf.speed_table import LayerSet, SpeedTableSettings, run_speed_table
+
+    settings = SpeedTableSettings.from_profile(get_profile("smoke")["drafter"])
+    settings.seeds = (0, 1)
+    sets = [LayerSet("default", "default", [2, 15, 27], "rule"), LayerSet("last-1", "control", [30], "top")]
+    table = run_speed_table(smollm, sets, settings, progress=False)
+    assert [(r["layer_set"], r["seed"]) for r in table.rows] == [("default", 0), ("default", 1), ("last-1", 0), ("last-1", 1)]
+    assert all(r["lossless"] == "1/1" and r["tau"] >= 1.0 and r["speedup"] > 0 for r in table.rows)
+    assert len({r["drafter"] for r in table.rows}) == 4  # one drafter per set and seed
+    assert all(r["train_tokens"] == 3000 for r in table.rows)
+    summary = {s["layer_set"]: s for s in table.summary}
+    assert summary["default"]["seeds"] == 2 and summary["default"]["tau_min"] <= summary["default"]["tau_max"]
+    assert [c["fraction"] for c in table.curve] == [0.5, 1.0] and table.curve[0]["train_tokens"] < 3000
+    again = run_speed_table(smollm, sets, settings, progress=False)  # everything comes from the cache
+    assert again.rows == table.rows
+
+
+def test_speed_table_settings_reject_unknown_keys():
+    from wavesurf.speed_table import SpeedTableSettings
+
+    with pytest.raises(WavesurfError, match=r"unknown speed-table settings \['epochs'\]"):
+        SpeedTableSettings.from_profile({"epochs": 3})

@@ -30,7 +30,15 @@ PROFILES: dict[str, dict[str, Any]] = {
             "estimator": "auto", "selection_filter": "q0.5", "selection_estimator": "minibatch",
             "sweep_filters": ["q0.25", "q0.5"], "sweep_estimator": "minibatch", "minibatch_size": 128,
         },
-        "drafter": {},
+        "drafter": {
+            # wavesurf.speed_table.SpeedTableSettings: tiny drafters, the pipeline only (tau ~1)
+            "features": {"max_tokens": 3000, "max_len": 256, "batch_tokens": 1024},
+            "train": {"train_tokens": 3000, "ttt_steps": 2, "draft_vocab_size": 2048, "batch_tokens": 1024,
+                      "warmup_steps": 2, "checkpoint_every": 50},
+            "bench": {"n_prompts": 1, "max_new_tokens": 8, "mode": "chain", "draft_len": 3},
+            "datasets": ["mt-bench"], "seeds": [0], "methods": ["combined"], "n_random": 2,
+            "curve_fractions": [0.5],
+        },
     },
     "default": {
         "description": "the main job on a 2-core CPU with the embedded default model",
@@ -41,7 +49,17 @@ PROFILES: dict[str, dict[str, Any]] = {
             "estimator": "auto", "selection_filter": "q0.5", "selection_estimator": "auto",
             "sweep_filters": ["q0.25", "q0.5", "q0.75"], "sweep_estimator": "minibatch", "minibatch_size": 512,
         },
-        "drafter": {},
+        "drafter": {
+            # every drafter sees the same 24k training tokens (one capture of the train split);
+            # 3 unrolled steps and an 8k draft vocabulary keep CPU training near 1k tokens/s
+            "features": {"max_tokens": 24_000, "max_len": 512, "batch_tokens": 4096},
+            "train": {"train_tokens": 24_000, "ttt_steps": 3, "draft_vocab_size": 8192, "batch_tokens": 2048,
+                      "warmup_steps": 5, "checkpoint_every": 50},
+            "bench": {"n_prompts": 2, "max_new_tokens": 32, "mode": "chain", "draft_len": 3},
+            "datasets": ["mt-bench", "humaneval", "sharegpt"], "seeds": [0, 1],
+            "methods": ["entropy", "aggregate", "cka", "combined"], "n_random": 2,
+            "curve_fractions": [0.25, 0.5],
+        },
     },
     "paper": {
         "description": "the sizes a GPU user would pick (more tokens, finer filter sweep)",
@@ -51,7 +69,16 @@ PROFILES: dict[str, dict[str, Any]] = {
             "sweep_filters": ["q0.1", "q0.25", "q0.5", "q0.75", "q0.9"], "sweep_estimator": "auto",
             "minibatch_size": 1024,
         },
-        "drafter": {},
+        "drafter": {
+            "features": {"max_tokens": 1_000_000, "max_len": 1024, "batch_tokens": 8192},
+            "train": {"train_tokens": 4_000_000, "ttt_steps": 7, "draft_vocab_size": 16384, "batch_tokens": 8192,
+                      "warmup_steps": 200, "checkpoint_every": 500},
+            "bench": {"n_prompts": 80, "max_new_tokens": 256, "mode": "tree", "depth": 6, "top_k": 8,
+                      "total_tokens": 48},
+            "datasets": ["mt-bench", "humaneval", "sharegpt"], "seeds": [0, 1, 2],
+            "methods": ["entropy", "aggregate", "cka", "combined"], "n_random": 3,
+            "curve_fractions": [0.0625, 0.125, 0.25, 0.5],
+        },
     },
 }
 
