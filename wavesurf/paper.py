@@ -366,3 +366,16 @@ def depth_curves(stats: Any) -> dict[str, np.ndarray]:
     top = max_entropy(int(stats.main.n_tokens), int(stats.meta["hidden_size"]))
     return {"S1": np.asarray(stats.entropy), "S2": np.asarray(stats.entropy2),
             "S1_norm": np.asarray(stats.entropy) / top, "S2_norm": np.asarray(stats.entropy2) / top}
+
+
+def speed_table(target: Any, params: NotebookParams, k: int = 3, progress: bool = True) -> tuple[list, Any, Any]:
+    """The speed-table experiment at the profile's drafter budgets: layer sets from the unfiltered
+    and the filtered statistics (``base`` and ``selection`` variants), then one drafter per set and
+    seed. Returns ``(sets, settings, table)``; every drafter and benchmark is cached."""
+    from .speed_table import SpeedTableSettings, layer_sets, run_speed_table
+
+    settings = SpeedTableSettings.from_profile(params.profile_dict["drafter"])
+    stats = profile_stats(target, params, ["base", "selection"], progress=progress)
+    sets = layer_sets(stats["base"], stats["selection"], k=k, methods=settings.methods, n_random=settings.n_random,
+                      seed=params.seed)
+    return sets, settings, run_speed_table(target, sets, settings, progress=progress)

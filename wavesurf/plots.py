@@ -217,3 +217,51 @@ def plot_layer_sets(sets: dict[str, Sequence[int]], n_layers: int, ax: Any = Non
     ax.set_xlabel(LAYER_AXIS)
     ax.grid(axis="y", alpha=0)
     return ax
+
+
+def plot_tau_by_set(summary: Sequence[dict[str, Any]], datasets: Sequence[str], ax: Any = None,
+                    metric: str = "tau", xlabel: str = "acceptance length τ (tokens per target forward)") -> Any:
+    """Horizontal bars: mean of ``metric`` over training seeds per layer set (rows) and dataset
+    (colours), with min-max whiskers over seeds; the default set is outlined."""
+    import matplotlib.pyplot as plt
+
+    use_style()
+    names = list(dict.fromkeys(r["layer_set"] for r in summary))
+    if ax is None:
+        _, ax = plt.subplots(figsize=(6.4, 0.42 * len(names) * max(1, len(datasets)) / 1.6 + 1.2))
+    height = 0.8 / max(1, len(datasets))
+    for j, ds in enumerate(datasets):
+        rows = {r["layer_set"]: r for r in summary if r["dataset"] == ds}
+        ys = [i + (j - (len(datasets) - 1) / 2) * height for i in range(len(names))]
+        means = [float(rows[n][f"{metric}_mean"]) if n in rows else np.nan for n in names]
+        lo = [m - float(rows[n][f"{metric}_min"]) if n in rows else 0 for m, n in zip(means, names)]
+        hi = [float(rows[n][f"{metric}_max"]) - m if n in rows else 0 for m, n in zip(means, names)]
+        bars = ax.barh(ys, means, height=height, xerr=[lo, hi], label=ds, capsize=2, error_kw={"lw": 0.8})
+        for n, bar in zip(names, bars):
+            if n == "default":
+                bar.set_edgecolor("black")
+                bar.set_linewidth(1.2)
+    ax.set_yticks(range(len(names)))
+    ax.set_yticklabels([f"{n} [{next(r['layer_ids'] for r in summary if r['layer_set'] == n)}]" for n in names],
+                       fontsize=8)
+    if not ax.yaxis_inverted():  # shared y axes: invert once
+        ax.invert_yaxis()
+    ax.set_xlabel(xlabel)
+    ax.axvline(1.0, color="grey", lw=0.8, ls=":")  # tau 1 = nothing accepted; speedup 1 = as fast as HF
+    ax.legend(fontsize=8, loc="lower right")
+    return ax
+
+
+def plot_tau_curve(curve: Sequence[dict[str, Any]], ax: Any = None) -> Any:
+    """Acceptance length of the default layer set against the drafter's training tokens."""
+    import matplotlib.pyplot as plt
+
+    use_style()
+    if ax is None:
+        _, ax = plt.subplots(figsize=(4.2, 3.0))
+    pts = sorted((int(r["train_tokens"]), float(r["tau"])) for r in curve)
+    ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o")
+    ax.set_xscale("log")
+    ax.set_xlabel("training tokens seen by the drafter")
+    ax.set_ylabel("acceptance length τ (tokens/forward)")
+    return ax
