@@ -80,3 +80,16 @@ def test_cli_bench_refuses_bad_tree_before_loading(capsys, tmp_cache):
     assert "total_tokens=3 is smaller than depth=5" in capsys.readouterr().err
     code = main(["bench", "--drafter", "untrained", "--methods", "hf_generate,warp"])
     assert code == 2 and "warp" in capsys.readouterr().err
+
+
+def test_cli_bench_with_a_saved_drafter(smollm, tmp_cache, tmp_path, capsys):
+    from wavesurf.drafter.head import save_head
+
+    save_head(untrained_head(smollm), tmp_path / "drafter", {"note": "untrained, for the test"})
+    code = main(["bench", "--drafter", str(tmp_path / "drafter"), "--dataset", "humaneval", "--n-prompts", "1",
+                 "--max-new-tokens", "4", "--methods", "eagle3", "--quiet"])
+    assert code == 0
+    out = json.loads(capsys.readouterr().out)
+    assert set(out["methods"]) == {"hf_generate", "eagle3"} and out["methods"]["eagle3"]["lossless"] == "1/1"
+    assert (tmp_cache / "results" / "bench" / out["key"] / "rows.csv").is_file()
+    assert out["settings"]["drafter"] != head_fingerprint(untrained_head(smollm))  # the weights file's sha256
