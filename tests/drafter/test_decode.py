@@ -235,3 +235,16 @@ def test_near_tie_replay_reproduces_hf(smollm, prompts):
     assert got.tie_rechecks > 0 and all(a == 0 for a in got.accepted)  # the replay stops at the root row
     assert got.n_target_forwards == 1 + len(got.cycle_tokens)
     assert got.tau < 1  # replay forwards count against tau
+
+
+def test_sampling_path_on_the_real_model(smollm, prompts):
+    """T>0 through the real target: a near-zero temperature reproduces greedy (the sampling rule
+    accepts exactly the argmax), a fixed seed reproduces a sample, and drafts are accepted."""
+    ids = _ids(smollm, prompts[0])
+    ref = hf_ref(smollm, ids, 24)
+    head = OracleHead(smollm, list(map(int, ids)) + ref, miss_every=3)
+    cold = speculative_generate(smollm, head, ids, 24, mode="tree", depth=3, top_k=2, total_tokens=5, temperature=1e-4)
+    assert cold.tokens == ref and cold.tau > 1.5
+    a = speculative_generate(smollm, head, ids, 24, mode="chain", draft_len=3, temperature=0.8, seed=3)
+    b = speculative_generate(smollm, head, ids, 24, mode="chain", draft_len=3, temperature=0.8, seed=3)
+    assert a.tokens == b.tokens and len(a.tokens) >= 1

@@ -397,7 +397,7 @@ class SpeculativeDecoder:
         head.config.check_target(target)
         if not isinstance(tie_eps, (int, float)) or not tie_eps >= 0:
             raise DecodeError(f"tie_eps={tie_eps!r} must be a number >= 0 (0 = no near-tie re-check)")
-        self.target, self.head = target, head.eval()
+        self.target, self.head = target, head.to(target.device).eval()
         self.tree = tree or TreeSpec.chain(4)
         self.tie_eps = float(tie_eps)
         self.embed = target.model.get_input_embeddings()
@@ -512,7 +512,7 @@ class SpeculativeDecoder:
                 if nxt is None:
                     return path, y
             else:
-                p = torch.softmax(logits[row].double() / temperature, dim=-1)
+                p = torch.softmax(logits[row].double().cpu() / temperature, dim=-1)  # the generator is on the CPU
                 nxt = None
                 for c in sorted(kids, key=lambda c: -tree.score[c - 1]):
                     x = tree.tokens[c - 1]
