@@ -399,6 +399,9 @@ class SpeculativeDecoder:
             raise DecodeError(f"tie_eps={tie_eps!r} must be a number >= 0 (0 = no near-tie re-check)")
         self.target, self.head = target, head.to(target.device).eval()
         self.tree = tree or TreeSpec.chain(4)
+        if self.tree.top_k > head.config.draft_vocab_size:
+            raise DecodeError(f"top_k={self.tree.top_k} is larger than the draft vocabulary "
+                              f"({head.config.draft_vocab_size} ids); use top_k <= {head.config.draft_vocab_size}")
         self.tie_eps = float(tie_eps)
         self.embed = target.model.get_input_embeddings()
         self.d2t = head.draft_to_target.to(target.device)
