@@ -373,6 +373,15 @@ def write_generated(book: Path, primary: str | None = None) -> None:
                          f"from the default; aggregate entropy picks {g(nb, 'ids_aggregate')}, the combined score "
                          f"{g(nb, 'ids_combined')} (largest S₂ gain over the default "
                          f"{g(nb, 'best_gain', '+.3f')} nats, {g(nb, 'best_method')}).")
+        if "06_speed_table" in have:
+            nb = "06_speed_table"
+            lines.append(f"- **Drafters.** {g(nb, 'n_drafters', 'd')} EAGLE-3 heads trained on {g(nb, 'train_tokens')} "
+                         f"tokens each: on {g(nb, 'first_dataset')} the default set reaches τ = "
+                         f"{g(nb, 'default_tau', '.3f')} (speedup {g(nb, 'default_speedup', '.2f')}x over HF greedy), "
+                         f"the best set {g(nb, 'best_set')} ({g(nb, 'best_ids')}) τ = {g(nb, 'best_tau', '.3f')} "
+                         f"(speedup {g(nb, 'best_speedup', '.2f')}x); {g(nb, 'n_beat_default', 'd')} sets beat the "
+                         f"default's mean τ. Lossless: {g(nb, 'n_lossless', 'd')} of {g(nb, 'n_runs', 'd')} runs "
+                         "token-identical to HF greedy.")
         fig = d / "figures" / "01_entropy_depth.png"
         if not figure_done and fig.exists():
             lines += ["", f"```{{figure}} results/{m}/figures/01_entropy_depth.png", ":name: fig-key-entropy",
