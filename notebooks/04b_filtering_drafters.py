@@ -44,6 +44,10 @@ target = ws.load_target(P.model, device=P.device)
 sets, settings, table = paper.speed_table(target, P)
 filter_name = P.profile_dict["analysis"]["selection_filter"]
 
+# %%
+# NBVAL_CHECK_OUTPUT
+print(f"{target.name}: methods compared with and without the filter {filter_name}:", ", ".join(settings.methods))
+
 # %% tags=["hide-output"]
 # each method with and without filtering; a set chosen by both keeps one drafter (aliases)
 names = {s.name: s for s in sets}

@@ -146,9 +146,10 @@ def test_profile_stats_one_capture_equals_separate_analyses(smollm, monkeypatch)
 # ---------------------------------------------------------------------------------------------
 def test_notebook_selection_by_number_or_name():
     specs = discover_notebooks()
-    assert [s.number for s in specs][:5] == ["01", "02", "03", "04", "05"]
+    assert [s.number for s in specs][:7] == ["01", "02", "03", "04", "04b", "05", "06"]
     assert [s.stem for s in select_notebooks(specs, "03,01")] == ["01_entropy_compartments", "03_aggregate_entropy"]
     assert [s.number for s in select_notebooks(specs, ["02_cka_dynamics"])] == ["02"]
+    assert [s.number for s in select_notebooks(specs, "04b,06")] == ["04b", "06"]
     assert select_notebooks(specs, None) == specs
     with pytest.raises(ReproduceError, match="unknown notebook.*'09'.*available: 01_entropy_compartments"):
         select_notebooks(specs, "01,09")

@@ -294,9 +294,15 @@ def _add_analysis_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--minibatch-size", type=_positive_int, default=512, help="tokens per CKA minibatch (default 512)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random control and minibatch shuffling (default 0)")
     p.add_argument("--no-cache", action="store_true", help="recompute and do not store the result")
+    _add_runtime_options(p)
+
+
+def _add_runtime_options(p: argparse.ArgumentParser) -> None:
+    """--device, --allow-download and --quiet, shared by every verb that loads a model."""
     p.add_argument("--device", default="auto", help="auto (CUDA if present), cpu, cuda, cuda:N")
-    p.add_argument("--allow-download", action="store_true", help="let transformers download a Hugging Face model")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--allow-download", action="store_true",
+                   help="let transformers download a Hugging Face model (off by default)")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -334,9 +340,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--overwrite", action="store_true", help="replace an existing --out directory")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32", help="dtype of the written states (default float32)")
     p.add_argument("--roles", choices=["all", "assistant"], default="all", help="which tokens count as kept in the summary (default all)")
-    p.add_argument("--device", default="auto", help="auto (CUDA if present), cpu, cuda, cuda:N")
-    p.add_argument("--allow-download", action="store_true", help="let transformers download a Hugging Face model (off by default)")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    _add_runtime_options(p)
     p.set_defaults(func=cmd_capture)
 
     p = sub.add_parser("analyze", help="matrix entropy, CKA and compartments of every layer",
@@ -433,9 +437,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-every", type=_positive_int, default=10, help="steps per logged loss/accuracy window (default 10)")
     p.add_argument("--out", default=None, help="output directory (default: a keyed directory in the wavesurf cache)")
     p.add_argument("--no-resume", action="store_true", help="refuse to continue a run found in --out instead of resuming it")
-    p.add_argument("--device", default="auto", help="auto (CUDA if present), cpu, cuda, cuda:N")
-    p.add_argument("--allow-download", action="store_true", help="let transformers download a Hugging Face model")
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    _add_runtime_options(p)
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("bench", help="acceptance length and speedup of a drafter against baselines",
@@ -464,9 +466,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="comma-separated subset of hf_generate,plain,hf_prompt_lookup,eagle3 (hf_generate always runs)")
     p.add_argument("--prompt-lookup-tokens", type=_positive_int, default=10, help="HF prompt_lookup_num_tokens (default 10)")
     p.add_argument("--no-cache", action="store_true", help="rerun and do not store the result")
-    p.add_argument("--device", default="auto", help="auto (CUDA if present), cpu, cuda, cuda:N")
-    p.add_argument("--allow-download", action="store_true", help="let transformers download a Hugging Face model")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    _add_runtime_options(p)
     p.set_defaults(func=cmd_bench)
     return parser
 
