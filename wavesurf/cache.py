@@ -6,12 +6,13 @@ complete, so an interrupted run never leaves a half-written entry that looks fin
 from __future__ import annotations
 
 import contextlib
+import csv
 import hashlib
 import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,25 @@ def file_sha256(path: Path, block: int = 1 << 22) -> str:
         while chunk := fh.read(block):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+def describe_differences(old: Mapping[str, Any], new: Mapping[str, Any]) -> str:
+    """Which parameters of a cached entry differ from the ones asked for, for refusal messages."""
+    keys = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+    return "; ".join(f"{k}: {old.get(k)!r} there, {new.get(k)!r} now" for k in keys) or "none"
+
+
+def write_rows_csv(path: Path, rows: Sequence[Mapping[str, Any]], float_format: str = ".10g") -> Path:
+    """Tidy CSV, header from the first row's keys; floats (numpy ones too) with ``float_format``."""
+    import numpy as np
+
+    with open(path, "w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({k: (format(float(v), float_format) if isinstance(v, float | np.floating) else v)
+                             for k, v in row.items()})
+    return Path(path)
 
 
 def params_key(params: Mapping[str, Any]) -> str:

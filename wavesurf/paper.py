@@ -4,18 +4,17 @@ the models with cached results. Notebooks only call these and plot.
 """
 from __future__ import annotations
 
-import csv
 import itertools
 import json
-import math
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from .cache import write_rows_csv
 from .errors import WavesurfError
 from .profiles import get_profile
 
@@ -103,7 +102,7 @@ def profile_stats(target: Any, params: NotebookParams, names: Sequence[str] | No
     corpus (batches kept in memory when they fit :data:`SHARED_CAPTURE_MAX_BYTES`, else one pass
     each), then cached exactly as :func:`wavesurf.analyze` would, so either reads the other's result.
     """
-    from .stats.analysis import analysis_key, analyze, load_stats, result_dir, save_stats
+    from .stats.analysis import analysis_key, load_stats, result_dir
     from .cache import verify_directory
 
     variants = analysis_variants(params)
@@ -275,12 +274,7 @@ def write_csv(rows: Sequence[dict[str, Any]], path: str | Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     if not rows:
         raise WavesurfError(f"no rows to write to {path}")
-    with open(path, "w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
-        writer.writeheader()
-        for r in rows:
-            writer.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in r.items()})
-    return path
+    return write_rows_csv(path, rows, float_format=".6g")
 
 
 def sweep_rows(stats_by_variant: dict[str, Any], method: str = "combined", k: int = 3) -> list[dict[str, Any]]:

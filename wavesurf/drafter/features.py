@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from ..cache import cache_root, params_key, read_manifest, verify_directory, write_manifest
+from ..cache import cache_root, describe_differences, params_key, read_manifest, verify_directory, write_manifest
 from ..data import ROLE_ASSISTANT, ROLE_TEMPLATE, make_batches
 from .head import DrafterError
 
@@ -161,7 +161,7 @@ def build_feature_store(
         store = FeatureStore(where)
         if store.params != params:
             raise DrafterError(f"{where} holds a feature store with other parameters "
-                               f"({_diff(store.params, params)}); choose another path")
+                               f"({describe_differences(store.params, params)}); choose another path")
         return store
     ids = params["layer_ids"]
     corpus = load_corpus(settings.dataset, split=settings.split, seed=settings.split_seed)
@@ -176,7 +176,7 @@ def build_feature_store(
         old = json.loads(build_file.read_text())
         if old.get("params") != params:
             raise DrafterError(f"{where} holds an unfinished feature store with other parameters "
-                               f"({_diff(old.get('params', {}), params)}); remove it or choose another path")
+                               f"({describe_differences(old.get('params', {}), params)}); remove it or choose another path")
     else:
         _write_json_atomic(build_file, {"params": params, "key": key})
     for stale in where.glob(".shard_*.tmp"):  # a shard whose write was interrupted
@@ -247,11 +247,6 @@ def _write_json_atomic(path: Path, obj: Any) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(json.dumps(obj, indent=2, sort_keys=True))
     os.replace(tmp, path)
-
-
-def _diff(a: dict, b: dict) -> str:
-    keys = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
-    return ", ".join(f"{k}: {a.get(k)!r} there vs {b.get(k)!r} asked" for k in keys) or "none"
 
 
 # ---------------------------------------------------------------------------------------------

@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from ..cache import cache_root, params_key
+from ..cache import cache_root, describe_differences, params_key
 from .features import FeatureStore, TargetHead
 from .head import DraftConfig, DraftHead, DrafterError, check_draft_layer_ids, init_head, save_head
 from .vocab import build_draft_vocab, check_draft_vocab_size
@@ -263,11 +263,6 @@ def _checkpoints(out_dir: Path) -> list[Path]:
     return sorted(found, key=lambda p: int(p.name[11:]))
 
 
-def _differences(old: dict[str, Any], new: dict[str, Any]) -> str:
-    keys = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
-    return "; ".join(f"{k}: {old.get(k)!r} there, {new.get(k)!r} now" for k in keys)
-
-
 def train_drafter(
     target: Any,
     store: FeatureStore,
@@ -319,7 +314,7 @@ def train_drafter(
         old = (json.loads(finished.read_text())["info"].get("fingerprint") if finished.is_file()
                else json.loads((ckpts[-1] / TRAINER_STATE).read_text())["fingerprint"])
         if old != fingerprint:
-            raise DrafterError(f"{out} holds a drafter run with other parameters ({_differences(old or {}, fingerprint)}); "
+            raise DrafterError(f"{out} holds a drafter run with other parameters ({describe_differences(old or {}, fingerprint)}); "
                                "choose another out_dir")
         if finished.is_file():
             return TrainResult(**json.loads(finished.read_text())["info"]["result"])

@@ -14,7 +14,6 @@ shortlisted layer sets needs.
 """
 from __future__ import annotations
 
-import csv
 import json
 import time
 from collections.abc import Iterable, Sequence
@@ -25,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from ..capture import check_roles
-from ..cache import atomic_directory, cache_root, params_key, verify_directory, write_manifest
+from ..cache import atomic_directory, cache_root, params_key, verify_directory, write_manifest, write_rows_csv
 from ..errors import WavesurfError
 from .cka import DEFAULT_MEMORY_BUDGET, MinibatchCKA, TokenShuffler, choose_cka_estimator, cka_to_last, linear_cka_from_moments, neighbour_cka
 from .compartments import compartment_stability, compartments
@@ -416,17 +415,9 @@ def save_stats(stats: LayerStats, out: Path) -> None:
         np.savez(tmp / "stats.npz", **arrays)
         meta = {**stats.meta, "subsets": {s.name: s.n_tokens for s in subs}}
         (tmp / "meta.json").write_text(json.dumps(meta, indent=2, default=str))
-        _write_csv(tmp / "layers.csv", stats.layer_rows())
-        _write_csv(tmp / "cka.csv", stats.cka_rows())
+        write_rows_csv(tmp / "layers.csv", stats.layer_rows())
+        write_rows_csv(tmp / "cka.csv", stats.cka_rows())
         write_manifest(tmp, {"kind": "analyze", "key": stats.key}, hash_files=False)
-
-
-def _write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
-    with open(path, "w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
-        writer.writeheader()
-        for row in rows:
-            writer.writerow({k: (f"{v:.10g}" if isinstance(v, float | np.floating) else v) for k, v in row.items()})
 
 
 def load_stats(path: Path) -> LayerStats:
