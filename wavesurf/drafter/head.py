@@ -31,6 +31,9 @@ class DrafterError(WavesurfError):
     """A drafter that does not fit its target, or bad drafter settings."""
 
 
+INPUT_NORMS = ("none", "rms")
+
+
 @dataclass
 class DraftConfig:
     """Everything needed to rebuild a head and to check it belongs to a target.
@@ -53,6 +56,10 @@ class DraftConfig:
     rms_norm_eps: float = 1e-6
     rope_theta: float = 10000.0
     max_position_embeddings: int = 8192
+    #: "none" (EAGLE-3) or "rms": each of the k target streams is divided by its own root mean
+    #: square before ``fc`` (no weights). Residual streams differ in scale by orders of magnitude
+    #: across depth; "rms" lets ``fc`` start from comparable inputs. Exports must declare it.
+    input_norm: str = "none"
     extra: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
@@ -229,6 +236,8 @@ class DraftHead(nn.Module):
 
     def __init__(self, config: DraftConfig):
         super().__init__()
+        if config.input_norm not in INPUT_NORMS:
+            raise DrafterError(f"input_norm={config.input_norm!r} is not one of {INPUT_NORMS}")
         c = self.config = config
         k = len(c.layer_ids)
         self.fc = nn.Linear(k * c.target_hidden_size, c.hidden_size, bias=False)
@@ -259,6 +268,11 @@ class DraftHead(nn.Module):
     # ---- forward -------------------------------------------------------------------------
     def fuse(self, features: torch.Tensor) -> torch.Tensor:
         """Concatenated target streams [B, T, k*H_t] (ascending layer ids) -> fused feature [B, T, H]."""
+        if self.config.input_norm == "rms":
+            k, d = len(self.config.layer_ids), self.config.target_hidden_size
+            x = features.unflatten(-1, (k, d))
+            x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.config.rms_norm_eps)
+            features = x.flatten(-2)
         return self.fc(features)
 
     def step(

@@ -31,7 +31,7 @@ import os
 import shutil
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -39,10 +39,11 @@ import numpy as np
 
 from ..cache import cache_root, describe_differences, params_key
 from .features import FeatureStore, TargetHead
-from .head import DraftConfig, DraftHead, DrafterError, check_draft_layer_ids, init_head, save_head
+from .head import INPUT_NORMS, DraftConfig, DraftHead, DrafterError, check_draft_layer_ids, init_head, save_head
 from .vocab import build_draft_vocab, check_draft_vocab_size
 
 SCHEDULES = ("cosine", "linear", "constant")
+LM_HEAD_INITS = ("random", "target")
 TRAINER_STATE = "trainer.json"
 #: settings that do not change the trained weights (a resume may change them)
 _NOT_FINGERPRINTED = ("checkpoint_every", "log_every")
@@ -55,7 +56,12 @@ class TrainSettings:
     ``batch_tokens`` is the padded batch size in tokens *per process*. Training stops after
     ``max_steps`` optimizer steps, or after ``train_tokens`` real tokens (converted to steps with
     the store's mean tokens per batch), whichever comes first; with neither, one pass over the
-    store. ``vocab_tokens`` None counts the draft vocabulary over the store's own token budget.
+    store. ``vocab_tokens`` None counts the draft vocabulary over the whole training corpus the
+    store was built from, up to 2M tokens (independent of the head's budget: a vocabulary counted
+    over a small budget fills with ids the drafter never sees); a number counts that many tokens.
+    ``init_lm_head="target"`` starts ``lm_head`` from the target's unembedding rows of the draft
+    vocabulary and ``norm`` from the target's final norm; ``input_norm="rms"`` divides each target
+    stream by its root mean square before ``fc`` (see :class:`DraftConfig`).
     ``lr`` is higher than EAGLE-3's 5e-5 (tuned there for 800k steps) because runs here are short.
     Memory grows with ``batch_tokens * ttt_steps * draft_vocab_size`` (one float32 [tokens, V_d]
     log-softmax per unrolled step is kept for the backward pass).
@@ -75,6 +81,8 @@ class TrainSettings:
     seed: int = 0
     draft_vocab_size: int = 32000
     vocab_tokens: int | None = None
+    init_lm_head: str = "random"
+    input_norm: str = "none"
     checkpoint_every: int = 100
     log_every: int = 10
 
@@ -92,6 +100,10 @@ class TrainSettings:
         positive_int("warmup_steps", allow_zero=True)
         for name in ("max_steps", "train_tokens", "vocab_tokens"):
             positive_int(name, allow_none=True)
+        if self.init_lm_head not in LM_HEAD_INITS:
+            raise DrafterError(f"init_lm_head={self.init_lm_head!r} is not one of {LM_HEAD_INITS}")
+        if self.input_norm not in INPUT_NORMS:
+            raise DrafterError(f"input_norm={self.input_norm!r} is not one of {INPUT_NORMS}")
         if self.schedule not in SCHEDULES:
             raise DrafterError(f"schedule={self.schedule!r} is not one of {SCHEDULES}")
         if not self.lr > 0 or not math.isfinite(self.lr):
@@ -258,6 +270,26 @@ def default_out_dir(target: Any, layer_ids: Sequence[int], fingerprint: dict[str
     return cache_root() / "drafter" / "heads" / f"{safe}-L{'-'.join(map(str, layer_ids))}-{params_key(fingerprint)}"
 
 
+def init_from_target(head: DraftHead, target: Any) -> DraftHead:
+    """Copy the target's unembedding rows of the draft vocabulary into ``lm_head`` and the target's
+    final-norm scale into ``norm``: the head then starts as "the target's own readout of whatever
+    the decoder layer writes", instead of from noise."""
+    import torch
+
+    from .features import TargetHead
+
+    th = TargetHead(target, head.draft_to_target.cpu().numpy())
+    with torch.no_grad():
+        if head.lm_head.weight.shape != th.weight.shape:
+            raise DrafterError(f"cannot start lm_head {tuple(head.lm_head.weight.shape)} from the target's "
+                               f"unembedding rows {tuple(th.weight.shape)}: the head's width differs from the target's")
+        head.lm_head.weight.copy_(th.weight.to(head.lm_head.weight.dtype))
+        ones = torch.ones(1, head.config.hidden_size, dtype=th.weight.dtype, device=th.weight.device)
+        scale = th.norm(ones)[0] * (1 + head.config.rms_norm_eps) ** 0.5  # the norm's effective weight (Gemma: 1 + w)
+        head.norm.weight.copy_(scale.to(head.norm.weight.dtype))
+    return head
+
+
 def _checkpoints(out_dir: Path) -> list[Path]:
     found = [p for p in out_dir.glob("checkpoint-*") if (p / TRAINER_STATE).is_file() and p.name[11:].isdigit()]
     return sorted(found, key=lambda p: int(p.name[11:]))
@@ -325,10 +357,13 @@ def train_drafter(
     with accelerator.main_process_first():
         vocab = build_draft_vocab(target, settings.draft_vocab_size, dataset=store.params["dataset"],
                                   split=store.params["split"], split_seed=store.params["split_seed"],
-                                  max_tokens=settings.vocab_tokens or store.tokens, max_len=store.params["max_len"])
+                                  max_tokens=settings.vocab_tokens, max_len=max(store.params["max_len"], 2048))
     set_seed(settings.seed)
-    head = init_head(DraftHead(DraftConfig.for_target(target, ids, settings.draft_vocab_size)), seed=settings.seed)
+    config = replace(DraftConfig.for_target(target, ids, settings.draft_vocab_size), input_norm=settings.input_norm)
+    head = init_head(DraftHead(config), seed=settings.seed)
     head.set_vocab(torch.from_numpy(vocab.ids))
+    if settings.init_lm_head == "target":
+        init_from_target(head, target)
     head.to(accelerator.device).train()
     target_head = TargetHead(target, vocab.ids)
     embedding = target.model.get_input_embeddings()

@@ -25,6 +25,8 @@ VOCAB_FORMAT = 1
 #: Tokens tokenized for counting by default (tokenization only: ~1 s per 300k tokens).
 DEFAULT_VOCAB_TOKENS = 2_000_000
 DEFAULT_VOCAB_MAX_LEN = 2048
+#: Held-out tokens counted for the coverage a drafter meets when decoding.
+HELDOUT_VOCAB_TOKENS = 200_000
 
 
 @dataclass
@@ -97,15 +99,19 @@ def build_draft_vocab(
     dataset: str = "sharegpt",
     split: str | None = "train",
     split_seed: int = 0,
-    max_tokens: int = DEFAULT_VOCAB_TOKENS,
+    max_tokens: int | None = None,
     max_len: int = DEFAULT_VOCAB_MAX_LEN,
     use_cache: bool = True,
+    heldout_split: str | None = "heldout",
 ) -> DraftVocab:
-    """Count ids over ``max_tokens`` tokens of the encoded training split and keep the
-    ``draft_vocab_size`` most frequent. Cached under ``cache_root()/drafter/vocab/<model>-<key>/``
-    (the counts are stored, so other sizes of the same corpus budget reuse them)."""
+    """Count ids over ``max_tokens`` tokens of the encoded training split (None: the whole split,
+    up to :data:`DEFAULT_VOCAB_TOKENS`) and keep the ``draft_vocab_size`` most frequent. Cached
+    under ``cache_root()/drafter/vocab/<model>-<key>/`` (the counts are stored, so other sizes of
+    the same corpus budget reuse them). With ``heldout_split`` (a split of the same corpus that
+    exists), the summary also reports ``heldout_coverage``: the fraction of held-out tokens the
+    vocabulary covers, which is what a drafter meets when it decodes."""
     from .. import __version__
-    from ..data import encode_budget, load_corpus
+    from ..data import load_corpus
 
     check_draft_vocab_size(draft_vocab_size, target.vocab_size)
     params = {"format": VOCAB_FORMAT, "wavesurf": __version__, "model": target.name, "source": target.source,
@@ -120,20 +126,58 @@ def build_draft_vocab(
             rule = read_manifest(where)["roles"]
         except (OSError, KeyError, ValueError):
             counts = None
+    held = None
+    if counts is not None and heldout_split:
+        try:
+            held = np.load(where / "heldout_counts.npy")
+        except OSError:
+            held = None
     if counts is None or counts.shape != (target.vocab_size,):
         t0 = time.perf_counter()
         corpus = load_corpus(dataset, split=split, seed=split_seed)
-        encoded = encode_budget(corpus, target.tokenizer, target.has_chat_template, max_tokens, max_len)
+        encoded = _encode_upto(corpus, target, max_tokens, max_len)
         counts, rule = count_tokens(encoded, target.vocab_size)
+        if heldout_split and heldout_split != split:
+            try:
+                held_corpus = load_corpus(dataset, split=heldout_split, seed=split_seed)
+            except Exception:  # noqa: BLE001 - a corpus without that split: no held-out coverage
+                held_corpus = None
+            if held_corpus is not None and len(held_corpus):
+                held, _ = count_tokens(_encode_upto(held_corpus, target, None, max_len, cap=HELDOUT_VOCAB_TOKENS),
+                                       target.vocab_size)
         if use_cache:
             with atomic_directory(where, overwrite=True) as tmp:
                 np.save(tmp / "counts.npy", counts)
+                if held is not None:
+                    np.save(tmp / "heldout_counts.npy", held)
                 write_manifest(tmp, {**params, "roles": rule, "counted_tokens": int(counts.sum()),
                                      "seconds": round(time.perf_counter() - t0, 2)})
     ids, coverage = select_vocab(counts, draft_vocab_size)
     info = {"dataset": dataset, "split": split, "split_seed": split_seed, "max_tokens": max_tokens,
             "max_len": max_len, "distinct_ids": int((counts > 0).sum()), "key": key}
+    if held is not None and held.sum():
+        info.update(heldout_split=heldout_split, heldout_tokens=int(held.sum()),
+                    heldout_coverage=round(float(held[ids].sum() / held.sum()), 6))
     return DraftVocab(ids, counts[ids], coverage, int(counts.sum()), str(rule), info)
+
+
+def _encode_upto(corpus: Any, target: Any, max_tokens: int | None, max_len: int,
+                 cap: int = DEFAULT_VOCAB_TOKENS) -> list[Encoded]:
+    """``max_tokens`` tokens exactly (an error if the corpus holds fewer), or with None the whole
+    corpus up to ``cap`` tokens."""
+    from ..data import encode, encode_budget
+
+    if max_tokens is not None:
+        return encode_budget(corpus, target.tokenizer, target.has_chat_template, max_tokens, max_len)
+    out, total = [], 0
+    for ex in corpus.examples:
+        enc = encode(ex, target.tokenizer, target.has_chat_template, max_len)
+        if len(enc) >= 2:
+            out.append(enc)
+            total += len(enc)
+        if total >= cap:
+            break
+    return out
 
 
 __all__ = ["DraftVocab", "build_draft_vocab", "check_draft_vocab_size", "count_tokens", "select_vocab"]

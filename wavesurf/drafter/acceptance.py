@@ -1,0 +1,489 @@
+"""Exact offline acceptance length: how many tokens per target forward greedy *chain* decoding
+with a head would commit on the target's own continuations, computed without running the target.
+
+Why it is exact. At temperature 0 a chain cycle rooted at position ``m`` (the target has processed
+``x_0..x_{m-1}`` and produced ``x_m``) drafts ``d_1..d_D`` and accepts the longest prefix equal to
+the target's greedy tokens; the drafts after the first wrong one never matter. While every earlier
+draft was right, draft step ``j`` reads exactly what training-time test feeds it under teacher
+forcing (the fused target features of positions ``<= m-1``, the embeddings of the true tokens and
+its own earlier outputs), so one teacher-forced unroll of the head over a stored continuation gives,
+for every root position at once, the number of leading correct steps. Walking the cycles over those
+numbers (commit ``a + 1`` tokens, jump ``a + 1`` positions, stop at the continuation's end) yields the
+tokens committed per target forward, i.e. the ``tau`` that :class:`~wavesurf.drafter.decode.SpeculativeDecoder`
+reports, for every draft length ``1..D`` from one unroll. The only differences to a real run are
+floating-point ones (KV-cached vs full-sequence target forwards).
+
+A continuation is the run of ``loss_mask`` (assistant) tokens of a feature-store sequence: the
+target's answer to the prefix before it, when the store was built on a corpus the target generated
+(``sharegpt@<model>``, see :mod:`wavesurf.distill`). Where a stored token differs from the target's
+greedy choice at the previous position (a corpus the target did not write, or a float near-tie in
+batched generation) the continuation is cut there: past that point greedy decoding would take
+another path.
+
+Units: ``tau`` is tokens per target forward after the prefill (>= 1); accuracies are fractions.
+"""
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..cache import atomic_directory, cache_root, params_key, read_manifest, verify_directory, write_manifest
+from .features import FeatureStore
+from .head import DraftHead, DrafterError
+
+ACCEPTANCE_FORMAT = 1
+#: draft lengths scored by default (chain decoding with 1..6 drafted tokens per cycle)
+DEFAULT_MAX_DRAFT_LEN = 6
+
+
+class AcceptanceError(DrafterError, ValueError):
+    """An acceptance evaluation that does not fit: another target, missing layers, bad settings."""
+
+
+# ---------------------------------------------------------------------------------------------
+# the cycle walk
+def leading_hits(hits: np.ndarray) -> np.ndarray:
+    """Number of leading True values in each row of a bool [P, D] array (accepted drafts per root)."""
+    hits = np.asarray(hits, dtype=bool)
+    if hits.ndim != 2:
+        raise AcceptanceError(f"hits must be a 2-D [positions, steps] array, got shape {hits.shape}")
+    miss = ~hits
+    first_miss = np.where(miss.any(axis=1), miss.argmax(axis=1), hits.shape[1])
+    return first_miss.astype(np.int64)
+
+
+def walk_chain(hits: np.ndarray, length: int, draft_len: int) -> list[int]:
+    """Tokens committed by each target forward of greedy chain decoding with ``draft_len`` drafted
+    tokens per cycle, over a continuation of ``length`` tokens whose first token came from the
+    prefill. ``hits[i, j]``: draft step j is right at root i (the cycle whose root is the
+    continuation's (i+1)-th token). Mirrors :meth:`SpeculativeDecoder.generate`: a cycle commits its
+    accepted drafts plus the target's bonus token, cut at the end of the continuation."""
+    if isinstance(draft_len, bool) or not isinstance(draft_len, (int, np.integer)) or draft_len < 1:
+        raise AcceptanceError(f"draft_len={draft_len!r} must be a positive integer")
+    if draft_len > hits.shape[1]:
+        raise AcceptanceError(f"draft_len={draft_len} is longer than the {hits.shape[1]} unrolled steps")
+    lead = leading_hits(hits[:, :draft_len]) if len(hits) else np.zeros(0, dtype=np.int64)
+    cycles: list[int] = []
+    produced, i = 1, 0
+    while produced < length:
+        a = int(lead[i]) if i < len(lead) else 0
+        commit = min(a + 1, length - produced)
+        cycles.append(commit)
+        produced += commit
+        i += a + 1
+    return cycles
+
+
+# ---------------------------------------------------------------------------------------------
+# results
+@dataclass
+class Acceptance:
+    """Offline acceptance of one drafter on one set of continuations.
+
+    Per sequence ``s`` and draft length ``D`` (``draft_lens``): ``committed[s, D-1]`` tokens over
+    ``cycles[s, D-1]`` target forwards; ``tau(D)`` is their ratio over all sequences. ``step_hits``
+    / ``step_total`` [D]: teacher-forced accuracy of each draft step over every root where that
+    step has a token to predict.
+    """
+
+    name: str
+    max_draft_len: int
+    sequence_ids: list[str]
+    committed: np.ndarray  # int64 [S, D]
+    cycles: np.ndarray  # int64 [S, D]
+    step_hits: np.ndarray  # int64 [D]
+    step_total: np.ndarray  # int64 [D]
+    positions: int  # continuation tokens scored (roots + first tokens)
+    cut_tokens: int  # tokens dropped after a stored token disagreed with the target's greedy choice
+    info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def draft_lens(self) -> list[int]:
+        return list(range(1, self.max_draft_len + 1))
+
+    def tau(self, draft_len: int) -> float:
+        c = self.cycles[:, draft_len - 1].sum()
+        return float(self.committed[:, draft_len - 1].sum() / c) if c else float("nan")
+
+    def sequence_tau(self, draft_len: int) -> np.ndarray:
+        """tau of each sequence alone (NaN where a sequence has no cycle)."""
+        c = self.cycles[:, draft_len - 1].astype(float)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(c > 0, self.committed[:, draft_len - 1] / np.maximum(c, 1), np.nan)
+
+    @property
+    def step_accuracy(self) -> list[float]:
+        return [float(h / t) if t else float("nan") for h, t in zip(self.step_hits, self.step_total)]
+
+    def summary(self) -> dict[str, Any]:
+        return {"name": self.name, "sequences": len(self.sequence_ids), "positions": self.positions,
+                "cut_tokens": self.cut_tokens,
+                **{f"tau_{d}": round(self.tau(d), 5) for d in self.draft_lens},
+                **{f"step_accuracy_{j}": round(a, 5) for j, a in enumerate(self.step_accuracy)}, **self.info}
+
+    # ---- disk ---------------------------------------------------------------------------------
+    def save(self, directory: Path) -> None:
+        np.savez(directory / "acceptance.npz", committed=self.committed, cycles=self.cycles,
+                 step_hits=self.step_hits, step_total=self.step_total)
+        meta = {k: v for k, v in asdict(self).items() if k not in ("committed", "cycles", "step_hits", "step_total")}
+        (directory / "acceptance.json").write_text(json.dumps(meta, indent=1))
+
+    @classmethod
+    def load(cls, directory: Path) -> Acceptance:
+        meta = json.loads((directory / "acceptance.json").read_text())
+        with np.load(directory / "acceptance.npz") as z:
+            arrays = {k: z[k] for k in ("committed", "cycles", "step_hits", "step_total")}
+        return cls(**meta, **arrays)
+
+
+def acceptance_from_hits(name: str, segments: Sequence[tuple[int, np.ndarray, int]], sequence_ids: Sequence[str],
+                         max_draft_len: int, cut_tokens: int = 0, info: dict | None = None) -> Acceptance:
+    """Collect per-sequence committed tokens and cycles from ``segments`` = (sequence index,
+    hits [length-1, D], length) of each continuation."""
+    s, d = len(sequence_ids), max_draft_len
+    committed = np.zeros((s, d), dtype=np.int64)
+    cycles = np.zeros((s, d), dtype=np.int64)
+    step_hits = np.zeros(d, dtype=np.int64)
+    step_total = np.zeros(d, dtype=np.int64)
+    positions = 0
+    for seq, hits, length in segments:
+        positions += length
+        for j in range(d):
+            valid = max(0, length - 1 - j)  # roots whose step j has a token to predict
+            step_hits[j] += int(hits[:valid, j].sum())
+            step_total[j] += valid
+        for dl in range(1, d + 1):
+            cyc = walk_chain(hits, length, dl)
+            committed[seq, dl - 1] += sum(cyc)
+            cycles[seq, dl - 1] += len(cyc)
+    return Acceptance(name, d, list(sequence_ids), committed, cycles, step_hits, step_total, positions,
+                      int(cut_tokens), dict(info or {}))
+
+
+# ---------------------------------------------------------------------------------------------
+# continuations in a feature store
+@dataclass
+class Continuation:
+    sequence: int  # index into the store's sequences
+    start: int  # position of the continuation's first token in the sequence
+    length: int  # tokens, after any cut
+
+
+def continuations(loss_mask: np.ndarray, input_ids: np.ndarray, target_argmax: np.ndarray,
+                  sequence: int) -> tuple[list[Continuation], int]:
+    """The continuations (maximal runs of ``loss_mask`` not starting at position 0) of one sequence,
+    each cut where a stored token is not the target's greedy choice at the previous position.
+    Returns them and the number of tokens cut."""
+    out, cut = [], 0
+    n = len(loss_mask)
+    i = 0
+    while i < n:
+        if not loss_mask[i] or i == 0:
+            i += 1
+            continue
+        j = i
+        while j < n and loss_mask[j]:
+            j += 1
+        agree = input_ids[i:j] == target_argmax[i - 1 : j - 1]
+        length = int(agree.argmin()) if not agree.all() else j - i
+        cut += (j - i) - length
+        if length >= 1:
+            out.append(Continuation(sequence, i, length))
+        i = j
+    return out, cut
+
+
+def _hits_for(hits_all: np.ndarray, c: Continuation) -> np.ndarray:
+    """Rows of a [T, D] hits array of the roots of continuation ``c``: root k (the continuation's
+    (k+1)-th token) sits at position ``start + k``, and the head drafts for it at the previous
+    position (features f_{m-1}, embedding of x_m), as ``SpeculativeDecoder`` does."""
+    rows = hits_all[c.start - 1 : c.start - 1 + c.length - 1].copy()
+    d = rows.shape[1]
+    for j in range(d):  # step j at root k predicts continuation token k+2+j (1-based): beyond the end = no hit
+        last_valid = c.length - 1 - j
+        rows[max(0, last_valid):, j] = False
+    return rows
+
+
+def _check_store(store: FeatureStore, target: Any, layer_ids: Sequence[int] | None) -> None:
+    store.check_target(target)
+    if layer_ids is not None:
+        store.check_layer_ids(layer_ids)
+    generated_by = (store.params.get("corpus_info") or {}).get("generated_by") or _generated_by(store.params.get("dataset"))
+    if generated_by and generated_by != target.name:
+        raise AcceptanceError(f"continuations in {store.path.name} were generated by {generated_by!r}, not by the "
+                              f"target {target.name!r}; distill the corpus with {target.name!r}")
+
+
+def _generated_by(dataset: Any) -> str | None:
+    """The model of a ``corpus@model`` dataset name, else None."""
+    if isinstance(dataset, str) and "@" in dataset:
+        return dataset.rsplit("@", 1)[1]
+    return None
+
+
+def head_hits(head: DraftHead, batch: dict[str, Any], embed: Any, max_draft_len: int) -> Any:
+    """Teacher-forced unroll of ``head`` over one feature batch: bool [B, T, D], entry (b, t, j)
+    True iff draft step j of the head at position t (fused features of t, embedding of x_{t+1},
+    its own earlier outputs) picks the target's greedy token at position t+1+j, i.e. x_{t+2+j} on a
+    greedy continuation. Positions without a token to compare are False."""
+    import torch
+
+    from .train import ttt_masks
+
+    ids, attn = batch["input_ids"], batch["attention_mask"]
+    b, t = ids.shape
+    d2t = head.draft_to_target.to(ids.device)
+    arg = batch["target_argmax"]
+    hits = torch.zeros(b, t, max_draft_len, dtype=torch.bool)
+    with torch.inference_mode():
+        embeds = embed(ids)
+        masks = ttt_masks(attn, max_draft_len)
+        positions = torch.arange(t, device=ids.device)[None].expand(b, t)
+        hidden = head.fuse(batch["features"].to(head.fc.weight.dtype))
+        past_k = past_v = None
+        for j in range(max_draft_len):
+            n = t - 1 - j  # positions t whose step j compares against argmax at t+1+j
+            if n <= 0:
+                break
+            e = torch.zeros_like(embeds)
+            e[:, : t - 1 - j] = embeds[:, 1 + j :]
+            out = head.step(hidden, e.to(hidden.dtype), positions + j, masks[j], past_k, past_v)
+            draft = d2t[out.logits[:, :n].argmax(-1)]
+            ok = (draft == arg[:, 1 + j : 1 + j + n]) & attn[:, 1 + j : 1 + j + n]
+            hits[:, :n, j] = ok.cpu()
+            hidden = out.hidden
+            past_k = out.k if past_k is None else torch.cat([past_k, out.k], dim=2)
+            past_v = out.v if past_v is None else torch.cat([past_v, out.v], dim=2)
+    return hits
+
+
+def _scan(store: FeatureStore, layer_ids: Sequence[int], batch_tokens: int, hits_fn: Any, max_draft_len: int,
+          progress: bool, desc: str) -> tuple[list[tuple[int, np.ndarray, int]], list[str], int]:
+    from tqdm.auto import tqdm
+
+    batches = store.batches(layer_ids, batch_tokens)
+    seq_index = {(s.shard, s.start): i for i, s in enumerate(store.sequences)}
+    segments: list[tuple[int, np.ndarray, int]] = []
+    cut_total = 0
+    for bi in tqdm(range(len(batches)), desc=desc, unit="batch", disable=not progress):
+        batch = batches[bi]
+        hits = hits_fn(batch).numpy()
+        for r, s in enumerate(batches.plan[batches.order[bi]]):
+            n = s.length
+            conts, cut = continuations(batch["loss_mask"][r, :n].numpy(), batch["input_ids"][r, :n].numpy(),
+                                       batch["target_argmax"][r, :n].numpy(), seq_index[(s.shard, s.start)])
+            cut_total += cut
+            for c in conts:
+                segments.append((c.sequence, _hits_for(hits[r, :n], c), c.length))
+    ids = [f"{store.path.name}/{i}" for i in range(len(store.sequences))]
+    return segments, ids, cut_total
+
+
+def _cached(kind: str, params: dict[str, Any], compute: Any, use_cache: bool) -> Acceptance:
+    from .. import __version__
+
+    params = {"format": ACCEPTANCE_FORMAT, "wavesurf": __version__, "kind": kind, **params}
+    where = cache_root() / "drafter" / "acceptance" / f"{kind}-{params_key(params)}"
+    if use_cache and verify_directory(where) is None:
+        try:
+            return Acceptance.load(where)
+        except (OSError, KeyError, ValueError, TypeError):
+            pass
+    t0 = time.perf_counter()
+    result: Acceptance = compute()
+    result.info["seconds"] = round(time.perf_counter() - t0, 2)
+    if use_cache:
+        with atomic_directory(where, overwrite=True) as tmp:
+            result.save(tmp)
+            write_manifest(tmp, params)
+    return result
+
+
+def check_max_draft_len(max_draft_len: Any) -> int:
+    if isinstance(max_draft_len, bool) or not isinstance(max_draft_len, (int, np.integer)) or not 1 <= max_draft_len <= 32:
+        raise AcceptanceError(f"max_draft_len={max_draft_len!r} must be an integer between 1 and 32")
+    return int(max_draft_len)
+
+
+def offline_acceptance(
+    target: Any,
+    head: DraftHead,
+    store: FeatureStore,
+    *,
+    max_draft_len: int = DEFAULT_MAX_DRAFT_LEN,
+    batch_tokens: int = 4096,
+    name: str = "",
+    use_cache: bool = True,
+    progress: bool = True,
+) -> Acceptance:
+    """Chain acceptance of ``head`` on the continuations stored in ``store`` (held-out target
+    answers), for draft lengths 1..``max_draft_len``; cached by the head's weights and the store."""
+    from ..bench import head_fingerprint
+
+    max_draft_len = check_max_draft_len(max_draft_len)
+    head.config.check_target(target)
+    _check_store(store, target, head.config.layer_ids)
+    head = head.to(target.device).eval()
+    embed = target.model.get_input_embeddings()
+    fp = head_fingerprint(head)
+
+    def compute() -> Acceptance:
+        segments, ids, cut = _scan(store, head.config.layer_ids, batch_tokens,
+                                   lambda batch: head_hits(head, {k: v.to(target.device) for k, v in batch.items()},
+                                                           embed, max_draft_len),
+                                   max_draft_len, progress, f"acceptance {name or fp}")
+        return acceptance_from_hits(name or fp, segments, ids, max_draft_len, cut,
+                                    {"head": fp, "layer_ids": list(head.config.layer_ids), "store": store.key})
+
+    return _cached("head", {"head": fp, "store": store.key, "max_draft_len": max_draft_len}, compute, use_cache)
+
+
+# ---------------------------------------------------------------------------------------------
+# the bigram floor
+@dataclass
+class BigramTable:
+    """The most frequent next token after each token in the training corpus (``-1``: never seen):
+    a drafter that needs no target features, as a floor for any trained head."""
+
+    next_token: np.ndarray  # int64 [V]
+    counted_pairs: int
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def hits(self, batch: dict[str, Any], max_draft_len: int) -> Any:
+        """Same contract as :func:`head_hits`: step j at position t drafts ``next_token`` of the
+        (teacher-forced) token x_{t+1+j} and compares it with the target's greedy token there."""
+        import torch
+
+        ids, arg, attn = batch["input_ids"], batch["target_argmax"], batch["attention_mask"]
+        b, t = ids.shape
+        table = torch.from_numpy(self.next_token)
+        guess = table[ids]  # guess[p] = draft of the token after x_p
+        ok_at = (guess == arg) & attn  # the target's greedy token after x_p
+        hits = torch.zeros(b, t, max_draft_len, dtype=torch.bool)
+        for j in range(max_draft_len):
+            n = t - 1 - j
+            if n <= 0:
+                break
+            hits[:, :n, j] = ok_at[:, 1 + j : 1 + j + n]
+        return hits
+
+
+def count_bigrams(encoded: Sequence[Any], vocab_size: int) -> BigramTable:
+    """Count (previous, next) pairs whose next token is an assistant token (every content token
+    for plain text) and keep the most frequent next token per previous token (ties: smaller id)."""
+    from ..data import ROLE_ASSISTANT, ROLE_TEMPLATE
+
+    has_assistant = any(bool((e.roles == ROLE_ASSISTANT).any()) for e in encoded)
+    codes = []
+    for e in encoded:
+        keep = (e.roles[1:] == ROLE_ASSISTANT) if has_assistant else (e.roles[1:] != ROLE_TEMPLATE)
+        prev, nxt = e.input_ids[:-1][keep], e.input_ids[1:][keep]
+        codes.append(prev.astype(np.int64) * vocab_size + nxt.astype(np.int64))
+    allc = np.concatenate(codes) if codes else np.zeros(0, dtype=np.int64)
+    uniq, counts = np.unique(allc, return_counts=True)
+    prev, nxt = uniq // vocab_size, uniq % vocab_size
+    order = np.lexsort((nxt, -counts, prev))  # per prev: highest count first, then smaller id
+    prev_sorted = prev[order]
+    first = np.ones(len(order), dtype=bool)
+    first[1:] = prev_sorted[1:] != prev_sorted[:-1]
+    table = np.full(vocab_size, -1, dtype=np.int64)
+    table[prev_sorted[first]] = nxt[order][first]
+    return BigramTable(table, int(allc.size), {"distinct_previous": int(first.sum()),
+                                               "roles": "assistant" if has_assistant else "content"})
+
+
+def build_bigram_table(target: Any, dataset: str, split: str | None = "train", split_seed: int = 0,
+                       max_tokens: int | None = None, max_len: int = 2048) -> BigramTable:
+    """Bigram table of ``max_tokens`` tokens (None: all) of a corpus, encoded as for training."""
+    from ..data import encode, encode_budget, load_corpus
+
+    corpus = load_corpus(dataset, split=split, seed=split_seed)
+    if max_tokens is None:
+        encoded = [e for e in (encode(x, target.tokenizer, target.has_chat_template, max_len) for x in corpus.examples)
+                   if len(e) >= 2]
+    else:
+        encoded = encode_budget(corpus, target.tokenizer, target.has_chat_template, max_tokens, max_len)
+    table = count_bigrams(encoded, target.vocab_size)
+    table.info.update(dataset=dataset, split=split, split_seed=split_seed, max_tokens=max_tokens, max_len=max_len,
+                      tokens=int(sum(len(e) for e in encoded)))
+    return table
+
+
+def bigram_acceptance(target: Any, table: BigramTable, store: FeatureStore, *,
+                      max_draft_len: int = DEFAULT_MAX_DRAFT_LEN, batch_tokens: int = 4096, name: str = "bigram",
+                      use_cache: bool = True, progress: bool = True) -> Acceptance:
+    """Chain acceptance of the bigram floor on the same continuations as :func:`offline_acceptance`."""
+    import hashlib
+
+    max_draft_len = check_max_draft_len(max_draft_len)
+    _check_store(store, target, None)
+    fp = hashlib.sha256(table.next_token.tobytes()).hexdigest()[:16]
+    ids = [target.n_layers]  # any stored id: the floor reads no features
+
+    def compute() -> Acceptance:
+        segments, seq_ids, cut = _scan(store, ids, batch_tokens, lambda batch: table.hits(batch, max_draft_len),
+                                       max_draft_len, progress, f"acceptance {name}")
+        return acceptance_from_hits(name, segments, seq_ids, max_draft_len, cut,
+                                    {"bigram": fp, "store": store.key, **table.info})
+
+    return _cached("bigram", {"bigram": fp, "store": store.key, "max_draft_len": max_draft_len}, compute, use_cache)
+
+
+# ---------------------------------------------------------------------------------------------
+# intervals
+def bootstrap_tau(runs: Sequence[Acceptance], draft_len: int, *, baseline: Sequence[Acceptance] | None = None,
+                  n_boot: int = 2000, seed: int = 0, level: float = 0.95) -> dict[str, float]:
+    """tau at ``draft_len`` averaged over ``runs`` (e.g. training seeds), with a percentile
+    bootstrap interval over sequences; with ``baseline`` (runs of another drafter on the same
+    continuations) also the **paired** difference ``runs - baseline`` and its interval: each
+    resample draws one set of sequences and scores every drafter on it, so sampling noise of the
+    continuations cancels in the difference."""
+    if not runs:
+        raise AcceptanceError("bootstrap_tau needs at least one acceptance run")
+    if not 0 < level < 1:
+        raise AcceptanceError(f"level={level!r} must be in (0, 1)")
+    if isinstance(n_boot, bool) or not isinstance(n_boot, int) or n_boot < 100:
+        raise AcceptanceError(f"n_boot={n_boot!r} must be an integer >= 100")
+    groups = [list(runs)] + ([list(baseline)] if baseline else [])
+    ref = runs[0].sequence_ids
+    for g in groups:
+        for r in g:
+            if r.sequence_ids != ref:
+                raise AcceptanceError(f"acceptance runs {runs[0].name!r} and {r.name!r} are on different continuations; "
+                                      "paired intervals need the same held-out store")
+            if draft_len > r.max_draft_len:
+                raise AcceptanceError(f"draft_len={draft_len} is longer than run {r.name!r} scored ({r.max_draft_len})")
+    s = len(ref)
+    if s < 2:
+        raise AcceptanceError(f"intervals need at least 2 held-out sequences, got {s}")
+    rng = np.random.default_rng(seed)
+    w = rng.multinomial(s, np.full(s, 1.0 / s), size=n_boot).astype(np.float64)  # [n_boot, S] resample counts
+
+    def taus(g: list[Acceptance]) -> tuple[float, np.ndarray]:
+        point = float(np.mean([r.tau(draft_len) for r in g]))
+        boot = np.mean([(w @ r.committed[:, draft_len - 1]) / np.maximum(w @ r.cycles[:, draft_len - 1], 1)
+                        for r in g], axis=0)
+        return point, boot
+
+    lo_q, hi_q = (1 - level) / 2, 1 - (1 - level) / 2
+    point, boot = taus(groups[0])
+    out = {"tau": point, "tau_lo": float(np.quantile(boot, lo_q)), "tau_hi": float(np.quantile(boot, hi_q)),
+           "tau_seed_std": float(np.std([r.tau(draft_len) for r in runs], ddof=1)) if len(runs) > 1 else 0.0}
+    if baseline:
+        bpoint, bboot = taus(groups[1])
+        diff = boot - bboot
+        per_seed = [r.tau(draft_len) - b.tau(draft_len) for r, b in zip(runs, baseline)]
+        out.update(diff=point - bpoint, diff_lo=float(np.quantile(diff, lo_q)), diff_hi=float(np.quantile(diff, hi_q)),
+                   diff_seed_min=float(min(per_seed)), diff_seed_max=float(max(per_seed)))
+    return out
+
+
+__all__ = ["Acceptance", "AcceptanceError", "BigramTable", "bigram_acceptance", "bootstrap_tau", "build_bigram_table",
+           "continuations", "count_bigrams", "head_hits", "leading_hits", "offline_acceptance", "walk_chain"]
