@@ -1,0 +1,429 @@
+"""The target's own answers as a training corpus (EAGLE-3 trains its head on what the target says,
+which is what the head sees when it drafts; ShareGPT's answers are GPT-3.5's).
+
+For each conversation of a corpus split, every user turn is answered in turn by the target; its
+answer replaces the original assistant turn (later user turns are kept, their original answers
+dropped). An answer ends at the target's end-of-turn / EOS token, which stays in its token stream
+(``meta["answer_eos"]`` tells :func:`wavesurf.data.encode` to give that token ROLE_ASSISTANT), or
+at ``max_new_tokens``, or where the rendered conversation would pass ``max_len`` tokens (the
+conversation ends there). Generation stops once ``max_tokens`` answer tokens are collected,
+counting whole conversations in corpus order.
+
+Batching and exactness. Prompts of similar length are batched (left padding, attention mask, KV
+cache: HF ``generate``). A padded batch runs other float32 kernels than batch 1, so logits differ
+in the last bits and a greedy argmax can flip where the top-2 gap is tiny. Every greedy step's
+top-2 gap is recorded; an answer with a gap below ``TIE_EPS`` anywhere is decoded again at batch 1
+(what ``model.generate(do_sample=False)`` gives for that prompt alone). Sampling (``temperature >
+0``) draws each answer from its own seeded generator (seed, example id, turn), so the result does
+not depend on batch composition either.
+
+Cache: ``cache_root()/corpora/<model>-<key>/`` (key: model name and source, corpus, split, split
+seed, budget, max_len, max_new_tokens, temperature, seed, format, wavesurf version). Finished
+conversations are written in atomically renamed chunk files of ``chunk_examples`` conversations;
+an interrupted run continues after its last chunk and gives the same corpus. The manifest is
+written last; readers (:func:`wavesurf.data.load_corpus` with ``<corpus>@<model>``) need it.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .cache import describe_differences, params_key, read_manifest, write_manifest
+from .data import (
+    GENERATED_KIND, SPLITS, Corpus, DatasetError, Example, generated_root, load_corpus, parse_generated_name,
+    read_generated,
+)
+from .errors import BudgetError, WavesurfError
+
+DISTILL_FORMAT = 1
+DEFAULT_MAX_TOKENS = 100_000
+DEFAULT_MAX_LEN = 512
+DEFAULT_MAX_NEW_TOKENS = 256
+DEFAULT_BATCH_SIZE = 8
+DEFAULT_CHUNK_EXAMPLES = 32
+#: top-2 logit gap below which a batched greedy answer is re-decoded at batch 1 (the largest
+#: batched-vs-batch-1 logit difference measured on SmolLM2 is far below this, see the README)
+TIE_EPS = 1e-3
+BUILD_FILE = "build.json"
+
+
+class DistillError(WavesurfError, ValueError):
+    """Bad generation settings (temperature, token budgets, batch size)."""
+
+
+def _check_int(name: str, value: Any, minimum: int = 1) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise DistillError(f"{name}={value!r} must be an integer >= {minimum}")
+
+
+def check_settings(max_tokens: Any, max_len: Any, max_new_tokens: Any, temperature: Any, seed: Any,
+                   batch_size: Any, chunk_examples: Any) -> None:
+    """Every setting checked before any corpus or model work."""
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens <= 0:
+        raise BudgetError(f"max_tokens={max_tokens!r} must be a positive integer (answer tokens wanted)")
+    _check_int("max_new_tokens", max_new_tokens)
+    _check_int("max_len", max_len, 2)
+    _check_int("batch_size", batch_size)
+    _check_int("chunk_examples", chunk_examples)
+    _check_int("seed", seed, 0)
+    if isinstance(temperature, bool) or not isinstance(temperature, int | float) or not temperature >= 0 \
+            or temperature == float("inf"):
+        raise DistillError(f"temperature={temperature!r} must be a finite number >= 0 (0 = greedy, > 0 samples)")
+
+
+# ---------------------------------------------------------------------------------------------
+# prompts
+def prompt_ids(target: Any, messages: list[dict[str, str]]) -> list[int]:
+    """Token ids asking the target for the next assistant message after ``messages`` (the chat
+    template's generation prompt, or the plain ``User: ...\\n\\nAssistant:`` format of base models)."""
+    tok = target.tokenizer
+    if target.has_chat_template:
+        text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        return tok(text, add_special_tokens=False)["input_ids"]
+    text = "".join(f"{m['role'].capitalize()}: {m['content']}\n\n" for m in messages) + "Assistant:"
+    return tok(text, add_special_tokens=True)["input_ids"]
+
+
+def answer_text(target: Any, ids: list[int], ended_at_eos: bool) -> str:
+    """The stored content of an answer: its tokens without the closing EOS (the template adds it
+    back), decoded verbatim; plain format drops the one space after ``Assistant:``."""
+    text = target.tokenizer.decode(ids[:-1] if ended_at_eos else ids, skip_special_tokens=False,
+                                   clean_up_tokenization_spaces=False)
+    if not target.has_chat_template and text.startswith(" "):
+        text = text[1:]
+    return text
+
+
+def _row_seed(seed: int, example_id: str, turn: int) -> int:
+    return int(hashlib.sha256(f"{seed}:{example_id}:{turn}".encode()).hexdigest()[:15], 16)
+
+
+# ---------------------------------------------------------------------------------------------
+# batched generation
+@dataclass
+class Answer:
+    ids: list[int]  # generated tokens, the closing EOS included when there is one
+    eos: bool  # ended at EOS (else at its token budget)
+    min_gap: float  # smallest top-2 logit gap over its greedy steps (inf when sampling)
+    redecoded: bool = False  # decoded again at batch 1 because of a near tie
+
+
+def _processor(temperature: float, generators: list[Any] | None):
+    """A logits processor that records each step's top-2 gap (greedy) or draws each row's token
+    from its own generator and returns scores that make greedy selection pick it (sampling)."""
+    import torch
+    from transformers import LogitsProcessor
+
+    class Recorder(LogitsProcessor):
+        def __init__(self) -> None:
+            self.gaps: list[Any] = []
+
+        def __call__(self, input_ids: Any, scores: Any) -> Any:
+            if generators is None:
+                top = scores.float().topk(2, dim=-1).values
+                self.gaps.append((top[:, 0] - top[:, 1]).cpu())
+                return scores
+            probs = torch.softmax(scores.float().cpu() / temperature, dim=-1)
+            picks = [int(torch.multinomial(probs[r], 1, generator=g)) for r, g in enumerate(generators)]
+            out = torch.full_like(scores, float("-inf"))
+            out[torch.arange(len(picks)), torch.tensor(picks, device=scores.device)] = 0.0
+            return out
+
+    return Recorder()
+
+
+def generate_batch(target: Any, prompts: list[list[int]], budgets: list[int], *, eos: set[int],
+                   temperature: float = 0.0, row_seeds: list[int] | None = None,
+                   tie_eps: float = TIE_EPS) -> list[Answer]:
+    """Answers to ``prompts`` (token ids) in one left-padded HF ``generate`` call, each cut at its
+    first EOS (kept) or its own token budget. Greedy answers of a batch of more than one whose
+    top-2 gap fell below ``tie_eps`` are decoded again alone (``tie_eps=0``: never)."""
+    import torch
+
+    model, dev = target.model, target.device
+    pad = target.tokenizer.pad_token_id
+    pad = pad if pad is not None else min(eos) if eos else 0
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for r, p in enumerate(prompts):
+        ids[r, width - len(p):] = torch.tensor(p)
+        mask[r, width - len(p):] = 1
+    generators = None
+    if temperature > 0:
+        generators = [torch.Generator().manual_seed(s) for s in (row_seeds or [0] * len(prompts))]
+    proc = _processor(temperature, generators)
+    with torch.no_grad():
+        out = model.generate(input_ids=ids.to(dev), attention_mask=mask.to(dev), max_new_tokens=max(budgets),
+                             do_sample=False, num_beams=1, eos_token_id=sorted(eos) or None, pad_token_id=pad,
+                             logits_processor=[proc], top_k=None, top_p=None, temperature=None)
+    new = out[:, width:].cpu()
+    gaps = torch.stack(proc.gaps, 1) if proc.gaps else None
+    answers = []
+    for r, budget in enumerate(budgets):
+        row = new[r, :budget].tolist()
+        cut = next((i + 1 for i, t in enumerate(row) if t in eos), None)
+        row = row[:cut] if cut else row
+        gap = float(gaps[r, : len(row)].min()) if gaps is not None and row else float("inf")
+        answers.append(Answer(row, cut is not None, gap))
+    if temperature == 0 and len(prompts) > 1 and tie_eps > 0:
+        for r, a in enumerate(answers):
+            if a.min_gap < tie_eps:
+                (alone,) = generate_batch(target, [prompts[r]], [budgets[r]], eos=eos, tie_eps=0)
+                answers[r] = Answer(alone.ids, alone.eos, alone.min_gap, redecoded=True)
+    return answers
+
+
+# ---------------------------------------------------------------------------------------------
+# conversations
+@dataclass
+class _Conv:
+    example: Example
+    todo: list[dict[str, str]]  # original messages not yet used
+    messages: list[dict[str, str]] = field(default_factory=list)
+    answers: list[Answer] = field(default_factory=list)
+    done: bool = False
+
+    def next_prompt(self) -> list[dict[str, str]] | None:
+        """Messages up to the next user turn (system messages kept, original answers dropped)."""
+        while self.todo and self.todo[0]["role"] != "user":
+            m = self.todo.pop(0)
+            if m["role"] == "system":
+                self.messages.append(m)
+        if not self.todo:
+            return None
+        return [*self.messages, self.todo[0]]
+
+
+def _distill_chunk(target: Any, examples: list[Example], *, max_len: int, max_new_tokens: int,
+                   temperature: float, seed: int, batch_size: int, eos: set[int],
+                   on_tokens: Any = None) -> list[dict[str, Any]]:
+    """Answer every user turn of ``examples``, one turn of every conversation per round, batching
+    prompts of similar length; the records of the conversations that got at least one answer."""
+    convs = [_Conv(e, [dict(m) for m in (e.messages or [])]) for e in examples if e.messages]
+    stopped = {}  # conversation index -> why it stopped early
+    while True:
+        asks = []
+        for ci, c in enumerate(convs):
+            if c.done:
+                continue
+            msgs = c.next_prompt()
+            if msgs is None:
+                c.done = True
+                continue
+            ids = prompt_ids(target, msgs)
+            budget = min(max_new_tokens, max_len - len(ids))
+            if budget < 1:  # this turn would not fit max_len
+                c.done, stopped[ci] = True, "max_len"
+                continue
+            asks.append((ci, msgs, ids, budget))
+        if not asks:
+            break
+        asks.sort(key=lambda a: (-len(a[2]), a[0]))  # similar lengths together, deterministic
+        for b in range(0, len(asks), batch_size):
+            group = asks[b : b + batch_size]
+            answers = generate_batch(target, [a[2] for a in group], [a[3] for a in group], eos=eos,
+                                     temperature=temperature,
+                                     row_seeds=[_row_seed(seed, convs[a[0]].example.id, len(convs[a[0]].answers))
+                                                for a in group])
+            for (ci, msgs, ids, budget), ans in zip(group, answers):
+                c = convs[ci]
+                c.messages = [*msgs, {"role": "assistant", "content": answer_text(target, ans.ids, ans.eos)}]
+                c.todo.pop(0)
+                c.answers.append(ans)
+                if not ans.eos and budget < max_new_tokens:  # cut by max_len: the conversation ends here
+                    c.done, stopped[ci] = True, "max_len"
+            if on_tokens is not None:
+                on_tokens(sum(len(a.ids) for a in answers))
+    records = []
+    for ci, c in enumerate(convs):
+        if not c.answers:
+            continue
+        a = c.answers
+        records.append({"id": c.example.id, "messages": c.messages, "meta": {
+            "original_id": c.example.id, "model": target.name, "turns": len(a),
+            "tokens": sum(len(x.ids) for x in a), "answer_tokens": [len(x.ids) for x in a],
+            "answer_eos": [x.eos for x in a], "answer_token_ids": [x.ids for x in a],
+            "redecoded": [x.redecoded for x in a], "stopped": stopped.get(ci, "end")}})
+    return records
+
+
+# ---------------------------------------------------------------------------------------------
+def distill_params(target: Any, dataset: str, split: str | None, split_seed: int, max_tokens: int,
+                   max_len: int, max_new_tokens: int, temperature: float, seed: int) -> dict[str, Any]:
+    from . import __version__
+
+    return {"format": DISTILL_FORMAT, "wavesurf": __version__, "model": target.name, "source": target.source,
+            "chat_template": target.has_chat_template, "dataset": dataset, "split": split, "split_seed": split_seed,
+            "max_tokens": max_tokens, "max_len": max_len, "max_new_tokens": max_new_tokens,
+            "temperature": float(temperature), "seed": seed, "tie_eps": TIE_EPS}
+
+
+def corpus_dir(model_name: str, key: str) -> Path:
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in model_name)
+    return generated_root() / f"{safe}-{key}"
+
+
+def _chunk_name(i: int) -> str:
+    return f"chunk_{i:05d}.jsonl"
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _read_chunk(path: Path) -> list[dict[str, Any]]:
+    with open(path, encoding="utf-8") as fh:
+        return [json.loads(line) for line in fh]
+
+
+def distill_corpus(
+    target: Any,
+    dataset: str = "sharegpt",
+    split: str | None = "train",
+    max_tokens: int = DEFAULT_MAX_TOKENS,
+    max_len: int = DEFAULT_MAX_LEN,
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+    temperature: float = 0.0,
+    seed: int = 0,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    *,
+    split_seed: int = 0,
+    chunk_examples: int = DEFAULT_CHUNK_EXAMPLES,
+    progress: bool = True,
+    path: str | Path | None = None,
+    on_chunk: Any = None,
+) -> Corpus:
+    """Generate (or return the cached) corpus of ``target``'s answers to the prompts of
+    ``dataset``/``split``: at least ``max_tokens`` answer tokens, whole conversations in corpus
+    order. ``split`` must be None for corpora without splits (everything but ShareGPT).
+    ``batch_size`` and ``chunk_examples`` change speed, not the result. ``on_chunk(index, tokens
+    so far)`` is called after each chunk file is on disk. See the module docstring."""
+    from tqdm.auto import tqdm
+
+    from .drafter.decode import eos_ids
+
+    check_settings(max_tokens, max_len, max_new_tokens, temperature, seed, batch_size, chunk_examples)
+    if not isinstance(dataset, str) or parse_generated_name(dataset) is not None:
+        raise DatasetError(f"dataset={dataset!r}: distill reads the prompts of a plain corpus (sharegpt, mt-bench, "
+                           "humaneval or a .jsonl path), not of a generated one")
+    if dataset == "sharegpt" and split is None:
+        raise DatasetError(f"dataset 'sharegpt' needs a split: one of {', '.join(SPLITS)}")
+    params = distill_params(target, dataset, split, split_seed, max_tokens, max_len, max_new_tokens,
+                            temperature, seed)
+    key = params_key(params)
+    where = Path(path) if path is not None else corpus_dir(target.name, key)
+    if read_manifest(where) is not None:
+        corpus = read_generated(where)
+        if corpus.info["settings"] != params:
+            raise DistillError(f"{where} holds a generated corpus with other parameters "
+                               f"({describe_differences(corpus.info['settings'], params)}); choose another path")
+        return corpus
+    source = load_corpus(dataset, split=split, seed=split_seed)
+    users = sum(1 for e in source.examples for m in (e.messages or []) if m["role"] == "user")
+    if users * max_new_tokens < max_tokens:
+        raise BudgetError(f"max_tokens={max_tokens:,} cannot be met: {source.name!r}"
+                          f"{f' split {split!r}' if split else ''} has {users:,} user turns, so at most "
+                          f"{users * max_new_tokens:,} tokens at max_new_tokens={max_new_tokens}; ask for fewer "
+                          "or raise max_new_tokens")
+    eos = eos_ids(target)
+    where.mkdir(parents=True, exist_ok=True)
+    build_file = where / BUILD_FILE
+    if build_file.is_file():
+        old = json.loads(build_file.read_text())
+        if old.get("params") != params:
+            raise DistillError(f"{where} holds an unfinished generated corpus with other parameters "
+                               f"({describe_differences(old.get('params', {}), params)}); remove it or choose another path")
+        chunk_examples = int(old["chunk_examples"])  # chunk boundaries of the interrupted run
+    else:
+        _write_atomic(build_file, json.dumps({"params": params, "key": key, "chunk_examples": chunk_examples},
+                                             indent=2, sort_keys=True))
+    for stale in where.glob(".chunk_*.tmp"):
+        stale.unlink()
+
+    chunks, total, kept = [], 0, 0
+    i = 0
+    while (where / _chunk_name(i)).is_file():  # finished chunks of an interrupted run
+        recs = _read_chunk(where / _chunk_name(i))
+        chunks.append({"file": _chunk_name(i), "examples": len(recs)})
+        for r in recs:
+            if total < max_tokens:
+                total += r["meta"]["tokens"]
+                kept += 1
+        i += 1
+    resumed = total
+    bar = tqdm(total=max_tokens, initial=min(total, max_tokens), unit="tok", unit_scale=True, disable=not progress,
+               desc=f"distill {target.name} {dataset}{f' {split}' if split else ''}", smoothing=0.1)
+    t0 = time.perf_counter()
+    generated = 0
+
+    def tick(n: int) -> None:
+        nonlocal generated
+        generated += n
+        bar.update(min(n, max(0, max_tokens - bar.n)))
+
+    try:
+        while total < max_tokens:
+            start = i * chunk_examples
+            if start >= len(source.examples):
+                break
+            recs = _distill_chunk(target, source.examples[start : start + chunk_examples], max_len=max_len,
+                                  max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
+                                  batch_size=batch_size, eos=eos, on_tokens=tick)
+            _write_atomic(where / _chunk_name(i), "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in recs))
+            chunks.append({"file": _chunk_name(i), "examples": len(recs)})
+            for r in recs:
+                if total < max_tokens:
+                    total += r["meta"]["tokens"]
+                    kept += 1
+            if on_chunk is not None:
+                on_chunk(i, total)
+            i += 1
+    finally:
+        bar.close()
+    seconds = time.perf_counter() - t0
+    if total < max_tokens:
+        raise BudgetError(f"max_tokens={max_tokens:,} is more than the prompts of {source.name!r}"
+                          f"{f' split {split!r}' if split else ''} yield: {total:,} answer tokens in "
+                          f"{kept:,} conversations at max_len={max_len}, max_new_tokens={max_new_tokens}; "
+                          f"ask for at most {total:,} (the answers are cached in {where} for this budget)")
+    records = [r for c in chunks for r in _read_chunk(where / c["file"])][:kept]
+    answers = sum(r["meta"]["turns"] for r in records)
+    eos_answers = sum(sum(r["meta"]["answer_eos"]) for r in records)
+    redecoded = sum(sum(r["meta"]["redecoded"]) for r in records)
+    defaults = (temperature == 0 and max_len == DEFAULT_MAX_LEN and max_new_tokens == DEFAULT_MAX_NEW_TOKENS)
+    info = {"kind": GENERATED_KIND, "params": params, "key": key, "default_settings": defaults,
+            "examples": kept, "tokens": total, "answers": answers,
+            "eos_fraction": round(eos_answers / answers, 4) if answers else None,
+            "redecoded_answers": redecoded, "chunks": chunks, "chunk_examples": chunk_examples,
+            "conversations_read": min(len(source.examples), i * chunk_examples),
+            "batch_size_last_session": batch_size, "seconds_last_session": round(seconds, 2),
+            "tokens_per_second_last_session": round(generated / seconds, 1) if seconds > 0 and generated else None,
+            "resumed_from_tokens": resumed}
+    write_manifest(where, info, hash_files=False)
+    return read_generated(where)
+
+
+def summary(corpus: Corpus) -> dict[str, Any]:
+    """JSON-able facts of a generated corpus (the CLI prints this)."""
+    from .cache import read_manifest
+
+    m = read_manifest(Path(corpus.info["path"]))
+    return {"dataset": corpus.name, "split": corpus.split, "path": corpus.info["path"], "key": corpus.info["key"],
+            "examples": len(corpus), "answers": m["answers"], "tokens": m["tokens"],
+            "eos_fraction": m["eos_fraction"], "redecoded_answers": m["redecoded_answers"],
+            "tokens_per_second": m["tokens_per_second_last_session"],
+            "seconds": m["seconds_last_session"], "default_settings": m["default_settings"],
+            "settings": {k: m["params"][k] for k in ("max_tokens", "max_len", "max_new_tokens", "temperature", "seed",
+                                                     "split_seed")}}
+
+
+__all__ = ["DistillError", "distill_corpus", "generate_batch", "prompt_ids", "summary", "DEFAULT_MAX_LEN",
+           "DEFAULT_MAX_NEW_TOKENS", "TIE_EPS"]
