@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from .cache import atomic_directory, write_manifest
-from .data import ROLE_ASSISTANT, Corpus, Encoded, encode_budget, make_batches
+from .data import ROLE_ASSISTANT, Corpus, Encoded, check_corpus_target, encode_budget, make_batches
 from .models import Target
 
 ROLE_FILTERS = ("all", "assistant")
@@ -179,6 +179,7 @@ def capture(
         layer_ids = list(layer_ids)
         ids = target.check_layer_ids(layer_ids) if layer_ids else []  # [] = entropy only
     if isinstance(corpus, Corpus):
+        check_corpus_target(corpus, target)
         encoded = encode_budget(corpus, target.tokenizer, target.has_chat_template, max_tokens, max_len)
     else:
         encoded = list(corpus)

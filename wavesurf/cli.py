@@ -111,7 +111,9 @@ def _analysis_settings(args: argparse.Namespace):
 
 def _default_split(args: argparse.Namespace) -> str | None:
     if args.split is None:  # ShareGPT's statistics split; other corpora are used whole
-        return "stats" if args.dataset == "sharegpt" else None
+        from .data import base_corpus
+
+        return "stats" if base_corpus(args.dataset) == "sharegpt" else None
     return None if args.split == "none" else args.split
 
 
@@ -189,6 +191,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 def cmd_train(args: argparse.Namespace) -> int:
     from accelerate import PartialState
 
+    from .data import base_corpus
     from .drafter.features import FeatureSettings, build_feature_store
     from .drafter.train import TrainSettings, train_drafter
     from .models import load_target
@@ -215,7 +218,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     check_draft_vocab_size(settings.draft_vocab_size, target.vocab_size)  # before the (slow) feature store
     features = FeatureSettings(
-        dataset=args.dataset, split="train" if args.dataset == "sharegpt" else None, split_seed=args.split_seed,
+        dataset=args.dataset, split="train" if base_corpus(args.dataset) == "sharegpt" else None, split_seed=args.split_seed,
         max_tokens=args.max_train_tokens, max_len=args.max_len, dtype=args.store_dtype,
         layer_ids=None if args.store_layers == "all" else layers)
     state = PartialState(cpu=str(target.device) == "cpu")  # the same process group train_drafter's Accelerator joins
@@ -226,6 +229,31 @@ def cmd_train(args: argparse.Namespace) -> int:
     if state.is_main_process:
         _print_json({**result.to_dict(), "model": target.name, "layer_convention": "vllm",
                      "feature_store": store.describe(), "num_processes": state.num_processes})
+    return 0
+
+
+def cmd_distill(args: argparse.Namespace) -> int:
+    from .data import SPLITS
+    from .distill import check_settings, distill_corpus, summary
+    from .models import load_target
+
+    check_settings(args.max_tokens, args.max_len, args.max_new_tokens, args.temperature, args.seed,
+                   args.batch_size, args.chunk_examples)  # bad options fail before the model loads
+    split = args.split
+    if split is None:
+        split = "train" if args.dataset == "sharegpt" else None
+    elif split == "none":
+        split = None
+    elif split not in SPLITS:
+        raise ValueError(f"--split {split!r} is not one of {', '.join(SPLITS)} or none")
+    target = load_target(args.model, device=args.device)
+    corpus = distill_corpus(target, args.dataset, split, max_tokens=args.max_tokens, max_len=args.max_len,
+                            max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed,
+                            batch_size=args.batch_size, split_seed=args.split_seed,
+                            chunk_examples=args.chunk_examples, progress=not args.quiet)
+    out = summary(corpus)
+    out["use_as"] = corpus.name if out["default_settings"] else f"{corpus.name}#{out['key']}"
+    _print_json(out)
     return 0
 
 
@@ -275,7 +303,8 @@ def _add_analysis_options(p: argparse.ArgumentParser) -> None:
     from .stats.filtering import FILTER_HELP
 
     p.add_argument("--model", default=DEFAULT_MODEL, help=f"embedded name, local directory or HF id (default {DEFAULT_MODEL})")
-    p.add_argument("--dataset", default="sharegpt", help=f"{', '.join(CORPUS_ASSETS)} or a .jsonl path (default sharegpt)")
+    p.add_argument("--dataset", default="sharegpt", help=f"{', '.join(CORPUS_ASSETS)}, a .jsonl path, or <corpus>@<model> "
+                                                        "from `wavesurf distill` (default sharegpt)")
     p.add_argument("--split", default=None, choices=["train", "stats", "heldout", "none"],
                    help="ShareGPT split (default: stats for sharegpt; 'none' = the whole corpus)")
     p.add_argument("--split-seed", type=int, default=0, help="seed of the ShareGPT split (default 0)")
@@ -368,6 +397,37 @@ def build_parser() -> argparse.ArgumentParser:
     _add_analysis_options(p)
     p.set_defaults(func=cmd_select)
 
+    from .distill import (DEFAULT_BATCH_SIZE, DEFAULT_CHUNK_EXAMPLES, DEFAULT_MAX_LEN, DEFAULT_MAX_NEW_TOKENS,
+                          DEFAULT_MAX_TOKENS)
+
+    p = sub.add_parser("distill", help="the target's own answers to a corpus's prompts, as a new corpus",
+                       description="Answer every user turn of a corpus split with the target itself (greedy by default, "
+                                   "batched with a KV cache; greedy answers equal batch-1 HF generate), replacing the "
+                                   "original answers, until --max-tokens answer tokens are collected (whole "
+                                   "conversations, corpus order). Cached and resumable; afterwards the dataset name "
+                                   "<corpus>@<model> (e.g. sharegpt@smollm2-135m) works wherever a dataset is "
+                                   "accepted, for that model only. Prints a JSON summary.")
+    p.add_argument("--model", default=DEFAULT_MODEL, help=f"embedded name, local directory or HF id (default {DEFAULT_MODEL})")
+    p.add_argument("--dataset", default="sharegpt", help=f"prompts: {', '.join(CORPUS_ASSETS)} or a .jsonl path (default sharegpt)")
+    p.add_argument("--split", default=None, help="ShareGPT split: train, stats, heldout (default: train for sharegpt; "
+                                                 "'none' or omitted for other corpora)")
+    p.add_argument("--split-seed", type=int, default=0, help="seed of the ShareGPT split (default 0)")
+    p.add_argument("--max-tokens", type=_positive_int, default=DEFAULT_MAX_TOKENS,
+                   help=f"answer tokens to generate, EOS included (default {DEFAULT_MAX_TOKENS})")
+    p.add_argument("--max-len", type=_positive_int, default=DEFAULT_MAX_LEN,
+                   help=f"a conversation ends before it would pass this many tokens (default {DEFAULT_MAX_LEN})")
+    p.add_argument("--max-new-tokens", type=_positive_int, default=DEFAULT_MAX_NEW_TOKENS,
+                   help=f"most tokens per answer (default {DEFAULT_MAX_NEW_TOKENS})")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples, seeded per answer")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    p.add_argument("--batch-size", type=_positive_int, default=DEFAULT_BATCH_SIZE,
+                   help=f"prompts generated together; changes speed, not the answers (default {DEFAULT_BATCH_SIZE})")
+    p.add_argument("--chunk-examples", type=_positive_int, default=DEFAULT_CHUNK_EXAMPLES,
+                   help=f"conversations per cache chunk (an interrupted run resumes after the last one) "
+                        f"(default {DEFAULT_CHUNK_EXAMPLES})")
+    _add_runtime_options(p)
+    p.set_defaults(func=cmd_distill)
+
     from .profiles import PROFILES
 
     p = sub.add_parser("reproduce", help="run the notebooks for a model and build the book",
@@ -413,7 +473,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default=DEFAULT_MODEL, help=f"embedded name, local directory or HF id (default {DEFAULT_MODEL})")
     p.add_argument("--layers", type=_layer_list, required=True,
                    help="vLLM layer ids the drafter reads, e.g. 2,15,27 (from `wavesurf select`), or 'default' = [2, N//2, N-3]")
-    p.add_argument("--dataset", default="sharegpt", help="training corpus: sharegpt (its train split) or a .jsonl path (default sharegpt)")
+    p.add_argument("--dataset", default="sharegpt", help="training corpus: sharegpt (its train split), a .jsonl path, or "
+                                                         "sharegpt@<model> (the target's own answers, `wavesurf distill`) "
+                                                         "(default sharegpt)")
     p.add_argument("--split-seed", type=int, default=0, help="seed of the ShareGPT split (default 0)")
     p.add_argument("--max-train-tokens", type=_positive_int, default=200_000,
                    help="training-split tokens captured into the feature store (default 200000)")

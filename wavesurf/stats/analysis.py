@@ -273,9 +273,14 @@ def result_dir(model_name: str, key: str) -> Path:
 def analysis_key(target: Any, settings: AnalysisSettings) -> tuple[str, dict[str, Any]]:
     from .. import __version__
 
+    from ..data import generated_corpus_info
+
     params = {"format": RESULT_FORMAT, "wavesurf": __version__, "model": target.name, "source": target.source,
               "n_layers": target.n_layers, "hidden_size": target.hidden_size, "dtype": target.dtype,
               **asdict(settings)}
+    corpus_info = generated_corpus_info(settings.dataset, settings.split, settings.split_seed)
+    if corpus_info is not None:  # <corpus>@<model>: the key follows the generated corpus it resolves to
+        params["corpus_info"] = corpus_info
     return params_key(params), params
 
 
