@@ -124,12 +124,18 @@ def _shard_name(i: int) -> str:
 
 def store_params(target: Any, settings: FeatureSettings) -> dict[str, Any]:
     from .. import __version__
+    from ..data import generated_corpus_info
 
     ids = sorted(set(target.check_layer_ids(settings.layer_ids) if settings.layer_ids is not None
                      else target.layer_ids) | {target.n_layers})
-    return {"format": FEATURE_FORMAT, "wavesurf": __version__, "model": target.name, "source": target.source,
-            "n_layers": target.n_layers, "hidden_size": target.hidden_size, "vocab_size": target.vocab_size,
-            "target_dtype": target.dtype, **asdict(replace(settings, layer_ids=ids))}
+    params = {"format": FEATURE_FORMAT, "wavesurf": __version__, "model": target.name, "source": target.source,
+              "n_layers": target.n_layers, "hidden_size": target.hidden_size, "vocab_size": target.vocab_size,
+              "target_dtype": target.dtype, **asdict(replace(settings, layer_ids=ids))}
+    # a <corpus>@<model> name: the key follows the generated corpus it resolves to (plain corpora: unchanged)
+    corpus_info = generated_corpus_info(settings.dataset, settings.split, settings.split_seed)
+    if corpus_info is not None:
+        params["corpus_info"] = corpus_info
+    return params
 
 
 def build_feature_store(
@@ -150,7 +156,7 @@ def build_feature_store(
     from tqdm.auto import tqdm
 
     from ..capture import capture
-    from ..data import encode_budget, load_corpus
+    from ..data import check_corpus_target, encode_budget, load_corpus
 
     settings = replace(settings or FeatureSettings(), **overrides)
     settings.check()
@@ -165,6 +171,7 @@ def build_feature_store(
         return store
     ids = params["layer_ids"]
     corpus = load_corpus(settings.dataset, split=settings.split, seed=settings.split_seed)
+    check_corpus_target(corpus, target)
     encoded = encode_budget(corpus, target.tokenizer, target.has_chat_template, settings.max_tokens, settings.max_len)
     has_assistant = any(bool((e.roles == ROLE_ASSISTANT).any()) for e in encoded)
     loss_roles = "assistant" if has_assistant else "content"
