@@ -44,7 +44,7 @@ DISTILL_FORMAT = 1
 DEFAULT_MAX_TOKENS = 100_000
 DEFAULT_MAX_LEN = 512
 DEFAULT_MAX_NEW_TOKENS = 256
-DEFAULT_BATCH_SIZE = 8
+DEFAULT_BATCH_SIZE = 16
 DEFAULT_CHUNK_EXAMPLES = 32
 #: top-2 logit gap below which a batched greedy answer is re-decoded at batch 1 (the largest
 #: batched-vs-batch-1 logit difference measured on SmolLM2 is far below this, see the README)
