@@ -24,7 +24,7 @@
 model = "smollm2-135m"  # embedded name, local directory or HF id
 dataset = "sharegpt"  # sharegpt, mt-bench, humaneval or a .jsonl path
 max_tokens = None  # None: the profile's analysis token budget
-profile = "default"  # smoke | default | paper
+profile = "default"  # smoke | default | long | paper
 seed = 0  # random control subsets and minibatch shuffling
 device = "auto"  # auto, cpu, cuda, cuda:N
 

@@ -16,14 +16,15 @@
 # The statistics side (the token-filtering page of this model) shows how token-entropy filtering changes entropy,
 # CKA and the selected sets. Here the question is whether it matters for the drafter: each selection
 # method's set chosen from all positions against the set chosen from the filtered positions, each
-# trained and measured exactly like the speed table (same drafters, read from the cache).
+# trained and scored exactly like the speed table (same drafters and offline acceptance, read from
+# the cache), compared by the paired difference of their acceptance length.
 # Table: {download}`tables/04b_filtering_drafters.csv`.
 
 # %% tags=["parameters", "hide-input"]
 model = "smollm2-135m"  # embedded name, local directory or HF id
 dataset = "sharegpt"  # corpus of the statistics that select the layer sets
 max_tokens = None  # None: the profile's analysis token budget
-profile = "default"  # smoke | default | paper
+profile = "default"  # smoke | default | long | paper
 seed = 0  # statistics controls and the random layer sets
 device = "auto"  # auto, cpu, cuda, cuda:N
 
@@ -49,69 +50,48 @@ filter_name = P.profile_dict["analysis"]["selection_filter"]
 print(f"{target.name}: methods compared with and without the filter {filter_name}:", ", ".join(settings.methods))
 
 # %% tags=["hide-output"]
-# each method with and without filtering; a set chosen by both keeps one drafter (aliases)
-names = {s.name: s for s in sets}
-for s in sets:
-    for alias in s.aliases:
-        names[alias] = s
-rows = []
-for method in settings.methods:
-    for variant, name in (("all positions", method), (f"filtered ({filter_name})", method + "+filter")):
-        s = names[name]
-        for r in table.summary:
-            if r["layer_set"] == s.name:
-                rows.append({"method": method, "statistics": variant, "layer_ids": r["layer_ids"],
-                             "dataset": r["dataset"], "tau_mean": r["tau_mean"], "tau_std": r["tau_std"],
-                             "speedup_mean": r["speedup_mean"]})
+# each method with and without filtering; a set chosen by both keeps one drafter (same set, no difference)
+rows = table.filtering_rows(settings.methods)
 paper.write_csv(rows, "tables/04b_filtering_drafters.csv")
 
 # %% tags=["remove-input"]
 from IPython.display import HTML
 
-HTML(plots.html_table(rows, headers={"layer_ids": "ids (vLLM)", "tau_mean": "τ mean", "tau_std": "τ std",
-                                     "speedup_mean": "speedup"}, floatfmt=".3f"))
+HTML(plots.html_table(rows, headers={"layer_ids": "ids, all positions", "filtered_layer_ids": "ids, filtered",
+                                     "same_set": "same set", "tau": "τ, all", "filtered_tau": "τ, filtered",
+                                     "diff": "Δ filtered − all", "diff_lo": "Δ lo", "diff_hi": "Δ hi"},
+                      floatfmt=".3f"))
 
 # %% tags=["hide-input"]
-first = settings.datasets[0]
-fig, ax = plt.subplots(figsize=(5.6, 3.2))
-methods = list(settings.methods)
-for j, variant in enumerate(["all positions", f"filtered ({filter_name})"]):
-    vals = [next(float(r["tau_mean"]) for r in rows if r["method"] == m and r["statistics"] == variant
-                 and r["dataset"] == first) for m in methods]
-    ax.bar([i + (j - 0.5) * 0.38 for i in range(len(methods))], vals, width=0.38, label=variant)
-ax.set_xticks(range(len(methods)))
-ax.set_xticklabels(methods)
-ax.set_ylabel("acceptance length τ (tokens/forward)")
-ax.set_xlabel("selection method")
-ax.axhline(next(float(r["tau_mean"]) for r in table.summary if r["layer_set"] == "default" and r["dataset"] == first),
-           color="black", ls="--", lw=1, label="default rule")
-ax.legend(fontsize=8)
-ax.set_title(first)
+fig, ax = plt.subplots(figsize=(5.6, 0.45 * len(rows) + 1.4))
+plots.plot_paired_differences(rows, ax=ax, label_key="method",
+                              xlabel=f"paired Δτ, filtered ({filter_name}) − all positions")
 fig.tight_layout()
 plots.save_figure(fig, "figures/04b_filtering_drafters.png")
 glue("fig_filter_tau", fig, display=False)
 plt.close(fig)
 
 # %% tags=["remove-input"]
-pairs = [(next(float(r["tau_mean"]) for r in rows if r["method"] == m and r["statistics"] == "all positions"
-               and r["dataset"] == first),
-          next(float(r["tau_mean"]) for r in rows if r["method"] == m and r["statistics"] != "all positions"
-               and r["dataset"] == first)) for m in methods]
+changed = [r for r in rows if not r["same_set"]]
 glue("filter_name", filter_name, display=False)
-glue("n_methods", len(methods), display=False)
-glue("n_filter_better", sum(1 for a, b in pairs if b > a), display=False)
-glue("n_same_set", sum(1 for m in methods if names[m] is names[m + "+filter"]), display=False)
-glue("mean_delta", sum(b - a for a, b in pairs) / len(pairs), display=False)
-glue("first_dataset", first, display=False)
+glue("n_methods", len(rows), display=False)
+glue("n_same_set", len(rows) - len(changed), display=False)
+glue("n_filter_better", sum(1 for r in changed if r["verdict"] == "better"), display=False)
+glue("n_filter_worse", sum(1 for r in changed if r["verdict"] == "worse"), display=False)
+glue("n_filter_noise", sum(1 for r in changed if r["verdict"] == "within noise"), display=False)
+glue("draft_len", table.info["draft_len"], display=False)
 
 # %% [markdown]
 # ```{glue:figure} fig_filter_tau
-# Acceptance length on {glue:text}`first_dataset` of the drafter reading each method's set, chosen
-# from all positions or from the positions kept by the filter {glue:text}`filter_name` (mean over
-# seeds; dashed: the default rule). **What to see:** whether the filtered statistics pick sets that
-# accept more tokens; bars of equal height where both pick the same set.
+# Paired difference of offline acceptance length (draft length {glue:text}`draft_len`) between the
+# drafter reading each method's set chosen from the positions kept by the filter
+# {glue:text}`filter_name` and the drafter reading the set chosen from all positions (95% bootstrap
+# interval over held-out sequences, seeds paired). **What to see:** an interval entirely right of
+# zero means filtering picked a better set for the drafter; methods where both statistics pick the
+# same set sit at zero without an interval.
 # ```
 #
 # For {glue:text}`n_same_set` of the {glue:text}`n_methods` methods filtering does not change the
-# selected set. Filtered statistics give a higher mean τ for {glue:text}`n_filter_better` of
-# {glue:text}`n_methods` methods; the mean change is {glue:text}`mean_delta:+.3f` tokens per forward.
+# selected set. Where it does, the filtered set is better beyond the interval for
+# {glue:text}`n_filter_better`, worse for {glue:text}`n_filter_worse`, and within noise for
+# {glue:text}`n_filter_noise` methods.

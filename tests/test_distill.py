@@ -238,3 +238,19 @@ def test_cli_distill(smollm, gen_cache, capsys):
     assert len(load_corpus(out["use_as"])) == out["examples"]
     assert main(["distill", "--temperature", "-1", "--quiet"]) == 2
     assert "temperature=-1.0 must be a finite number >= 0" in capsys.readouterr().err
+
+
+def test_other_budgets_reuse_chunks(smollm, distilled):
+    """Chunks do not depend on the budget: a smaller budget generates nothing, a larger one continues."""
+    from pathlib import Path
+
+    n_chunks = len(list(Path(distilled.info["path"]).glob("chunk_*.jsonl")))
+    called = []
+    small = distill_corpus(smollm, "sharegpt", "heldout", **{**SMALL, "max_tokens": 40},
+                           on_chunk=lambda i, t: called.append(i))
+    assert called == [] and small.info["key"] != distilled.info["key"]
+    assert [e.messages for e in small.examples] == [e.messages for e in distilled.examples[: len(small)]]
+    more = distill_corpus(smollm, "sharegpt", "heldout", **{**SMALL, "max_tokens": SMALL["max_tokens"] + 60},
+                          on_chunk=lambda i, t: called.append(i))
+    assert called and called[0] == n_chunks, (called, n_chunks)
+    assert [e.meta for e in more.examples[: len(distilled)]] == [e.meta for e in distilled.examples]

@@ -43,3 +43,26 @@ def test_sweep_plot_and_html_table():
     assert list(filtered.get_ydata()) == [0.7, 0.5] and list(random.get_ydata()) == [0.52, 0.5]  # both end at no filter
     html = plots.html_table([{"a": "<b>", "b": np.float64(1.234567)}], headers={"a": "A"})
     assert "<th>A</th>" in html and "&lt;b&gt;" in html and "1.235" in html
+
+
+def test_speed_table_plots_show_intervals_and_verdicts():
+    import matplotlib.pyplot as plt
+
+    summary = [
+        {"layer_set": "default", "group": "default", "layer_ids": "2 15 27", "tau": 2.1, "tau_lo": 2.0, "tau_hi": 2.2,
+         "diff": 0.0, "diff_lo": 0.0, "diff_hi": 0.0, "verdict": "reference"},
+        {"layer_set": "cka", "group": "selected", "layer_ids": "5 18 29", "tau": 2.3, "tau_lo": 2.2, "tau_hi": 2.4,
+         "diff": 0.2, "diff_lo": 0.1, "diff_hi": 0.3, "verdict": "better"},
+        {"layer_set": "bigram", "group": "floor", "layer_ids": "", "tau": 1.3, "tau_lo": 1.25, "tau_hi": 1.35,
+         "diff": -0.8, "diff_lo": -0.9, "diff_hi": -0.7, "verdict": "worse"},
+    ]
+    ax_tau, ax_diff = plots.plot_tau_intervals(summary)
+    assert "τ" in ax_tau.get_xlabel() and ax_diff.get_xlabel()
+    assert len(ax_tau.get_yticklabels()) == len(summary)
+    ax = plots.plot_paired_differences([dict(r, method=r["layer_set"]) for r in summary[1:]], label_key="method")
+    assert ax.get_xlabel() and [t.get_text() for t in ax.get_yticklabels()] == ["cka", "bigram"]
+    curve = [{"layer_set": s, "layer_ids": "2 15 27", "fraction": f, "train_tokens": int(48_000 * f), "tau": 1.5 + f,
+              "tau_lo": 1.4 + f, "tau_hi": 1.6 + f} for s in ("default", "cka") for f in (0.25, 0.5, 1.0)]
+    ax = plots.plot_tau_curve(curve)
+    assert _labels(ax)[0] and "τ" in _labels(ax)[1] and len(ax.get_lines()) == 2 and len(ax.collections) == 2
+    plt.close("all")

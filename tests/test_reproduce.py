@@ -31,7 +31,7 @@ def test_profiles_and_unknown_profile():
         assert "drafter" in p  # room for the drafter settings
     get_profile("smoke")["analysis"]["max_tokens"] = -1  # a copy: the table is untouched
     assert PROFILES["smoke"]["analysis"]["max_tokens"] > 0
-    with pytest.raises(ProfileError, match="unknown profile 'fast'.*smoke, default, paper"):
+    with pytest.raises(ProfileError, match="unknown profile 'fast'.*smoke, default, long, paper"):
         get_profile("fast")
 
 
@@ -263,7 +263,23 @@ def test_cli_reproduce_errors(capsys):
     from wavesurf.cli import main
 
     assert main(["reproduce", "--profile", "turbo", "--no-build"]) == 2
-    assert "wavesurf reproduce: error: unknown profile 'turbo'; available: smoke, default, paper" in capsys.readouterr().err
+    assert "wavesurf reproduce: error: unknown profile 'turbo'; available: smoke, default, long, paper" in capsys.readouterr().err
     assert main(["reproduce", "--only", "01,99", "--no-build"]) == 2
     err = capsys.readouterr().err
     assert "unknown notebook(s) ['99']" in err and "05_layer_selection" in err
+
+
+def test_estimate_remaining_prefers_previous_run_then_reference(monkeypatch):
+    """The ETA sums per-notebook times (previous run, else the profile's reference minutes) rather
+    than averaging finished notebooks, which misled when one notebook trains every drafter."""
+    from wavesurf import profiles
+    from wavesurf.reproduce import estimate_remaining
+
+    monkeypatch.setitem(profiles.PROFILES["default"], "reference_minutes",
+                        {"smollm2-135m": {"01_a": 10.0, "06_b": 30.0}})
+    assert estimate_remaining(["01_a", "06_b"], {}, "default", "smollm2-135m") == "~40m00s (reference machine)"
+    got = estimate_remaining(["01_a", "06_b"], {"01_a": 60.0}, "default", "smollm2-135m")
+    assert got == "~31m00s (previous run, reference machine)"
+    assert "default model" in estimate_remaining(["06_b"], {}, "default", "gemma3-270m")
+    assert estimate_remaining(["06_b", "07_c"], {}, "default", "smollm2-135m").endswith("+ unknown for 07_c")
+    assert estimate_remaining(["07_c"], {}, "default", "smollm2-135m").startswith("unknown")

@@ -200,7 +200,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         ttt_steps=args.ttt_steps, lr=args.lr, warmup_steps=args.warmup_steps, schedule=args.schedule,
         batch_tokens=args.batch_tokens, max_steps=args.steps, train_tokens=args.train_tokens, seed=args.seed,
         draft_vocab_size=args.draft_vocab, vocab_tokens=args.vocab_tokens, checkpoint_every=args.checkpoint_every,
-        log_every=args.log_every)
+        log_every=args.log_every, init_lm_head=args.init_lm_head, input_norm=args.input_norm)
     settings.check()  # bad options fail before the model loads
     from .models import pick_device
 
@@ -217,8 +217,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     from .drafter.vocab import check_draft_vocab_size
 
     check_draft_vocab_size(settings.draft_vocab_size, target.vocab_size)  # before the (slow) feature store
+    dataset = args.dataset or f"sharegpt@{target.name}"  # the target's own answers (`wavesurf distill`)
     features = FeatureSettings(
-        dataset=args.dataset, split="train" if base_corpus(args.dataset) == "sharegpt" else None, split_seed=args.split_seed,
+        dataset=dataset, split="train" if base_corpus(dataset) == "sharegpt" else None, split_seed=args.split_seed,
         max_tokens=args.max_train_tokens, max_len=args.max_len, dtype=args.store_dtype,
         layer_ids=None if args.store_layers == "all" else layers)
     state = PartialState(cpu=str(target.device) == "cpu")  # the same process group train_drafter's Accelerator joins
@@ -473,12 +474,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default=DEFAULT_MODEL, help=f"embedded name, local directory or HF id (default {DEFAULT_MODEL})")
     p.add_argument("--layers", type=_layer_list, required=True,
                    help="vLLM layer ids the drafter reads, e.g. 2,15,27 (from `wavesurf select`), or 'default' = [2, N//2, N-3]")
-    p.add_argument("--dataset", default="sharegpt", help="training corpus: sharegpt (its train split), a .jsonl path, or "
-                                                         "sharegpt@<model> (the target's own answers, `wavesurf distill`) "
-                                                         "(default sharegpt)")
+    p.add_argument("--dataset", default=None,
+                   help="training corpus: sharegpt@<model> (the target's own answers to the ShareGPT train split, made "
+                        "by `wavesurf distill`; what EAGLE-3 trains on), sharegpt (GPT-3.5's answers), or a .jsonl "
+                        "path (default sharegpt@<model>)")
     p.add_argument("--split-seed", type=int, default=0, help="seed of the ShareGPT split (default 0)")
-    p.add_argument("--max-train-tokens", type=_positive_int, default=200_000,
-                   help="training-split tokens captured into the feature store (default 200000)")
+    p.add_argument("--max-train-tokens", type=_positive_int, default=None,
+                   help="training-split tokens captured into the feature store (default: the whole corpus, each "
+                        "example cut at --max-len)")
     p.add_argument("--max-len", type=_positive_int, default=512, help="truncate examples to this many tokens (default 512)")
     p.add_argument("--store-layers", choices=["all", "train"], default="all",
                    help="layers kept in the feature store: all ids 0..N (reusable, 2*d bytes per token and layer) "
@@ -487,7 +490,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ttt-steps", type=_positive_int, default=7, help="unrolled training-time-test steps (default 7, as EAGLE-3)")
     p.add_argument("--draft-vocab", type=_positive_int, default=32000, help="draft vocabulary size (default 32000, as EAGLE-3)")
     p.add_argument("--vocab-tokens", type=_positive_int, default=None,
-                   help="training-split tokens counted for the draft vocabulary (default: --max-train-tokens)")
+                   help="training-split tokens counted for the draft vocabulary (default: the whole corpus, up to 2M)")
     p.add_argument("--steps", type=_positive_int, default=None, help="optimizer steps (default: one pass over the store)")
     p.add_argument("--train-tokens", type=_positive_int, default=None, help="stop after about this many training tokens")
     p.add_argument("--batch-tokens", type=_positive_int, default=2048, help="padded tokens per batch and process (default 2048)")
@@ -495,6 +498,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup-steps", type=int, default=20, help="linear warmup steps (default 20)")
     p.add_argument("--schedule", choices=["cosine", "linear", "constant"], default="cosine", help="decay after warmup (default cosine)")
     p.add_argument("--seed", type=int, default=0, help="seed of the head's initialisation and data order (default 0)")
+    p.add_argument("--init-lm-head", choices=["random", "target"], default="random",
+                   help="start lm_head and its norm from the target's unembedding rows of the draft vocabulary "
+                        "(default random)")
+    p.add_argument("--input-norm", choices=["none", "rms"], default="none",
+                   help="rms: divide each target stream by its RMS before the fusion layer; such heads cannot be "
+                        "exported to vLLM/SGLang (default none)")
     p.add_argument("--checkpoint-every", type=_positive_int, default=100, help="steps between checkpoints (default 100)")
     p.add_argument("--log-every", type=_positive_int, default=10, help="steps per logged loss/accuracy window (default 10)")
     p.add_argument("--out", default=None, help="output directory (default: a keyed directory in the wavesurf cache)")

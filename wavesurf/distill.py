@@ -20,7 +20,8 @@ not depend on batch composition either.
 Cache: ``cache_root()/corpora/<model>-<key>/`` (key: model name and source, corpus, split, split
 seed, budget, max_len, max_new_tokens, temperature, seed, format, wavesurf version). Finished
 conversations are written in atomically renamed chunk files of ``chunk_examples`` conversations;
-an interrupted run continues after its last chunk and gives the same corpus. The manifest is
+an interrupted run continues after its last chunk and gives the same corpus. A new budget starts
+from the chunks of an entry with the same other settings (chunks do not depend on the budget). The manifest is
 written last; readers (:func:`wavesurf.data.load_corpus` with ``<corpus>@<model>``) need it.
 """
 from __future__ import annotations
@@ -284,6 +285,40 @@ def _read_chunk(path: Path) -> list[dict[str, Any]]:
         return [json.loads(line) for line in fh]
 
 
+def _reuse_chunks(where: Path, params: dict[str, Any], chunk_examples: int) -> int:
+    """Start a new build from the chunks of another entry whose settings differ only in the budget
+    (a chunk's content does not depend on it): hard links (or copies) of its leading chunks.
+    Returns the chunk size to use (the donor's, so chunk boundaries match)."""
+    same = {k: v for k, v in params.items() if k != "max_tokens"}
+    best: tuple[int, Path, int] | None = None
+    for other in generated_root().glob("*/" + BUILD_FILE):
+        if other.parent == where:
+            continue
+        try:
+            old = json.loads(other.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        if {k: v for k, v in old.get("params", {}).items() if k != "max_tokens"} != same:
+            continue
+        n = 0
+        while (other.parent / _chunk_name(n)).is_file():
+            n += 1
+        if n and (best is None or n > best[0]):
+            best = (n, other.parent, int(old["chunk_examples"]))
+    if best is None:
+        return chunk_examples
+    n, donor, size = best
+    for i in range(n):
+        src, dst = donor / _chunk_name(i), where / _chunk_name(i)
+        tmp = dst.with_name(f".{dst.name}.tmp")
+        try:
+            os.link(src, tmp)
+        except OSError:
+            tmp.write_bytes(src.read_bytes())
+        os.replace(tmp, dst)
+    return size
+
+
 def distill_corpus(
     target: Any,
     dataset: str = "sharegpt",
@@ -343,6 +378,7 @@ def distill_corpus(
                                f"({describe_differences(old.get('params', {}), params)}); remove it or choose another path")
         chunk_examples = int(old["chunk_examples"])  # chunk boundaries of the interrupted run
     else:
+        chunk_examples = _reuse_chunks(where, params, chunk_examples)
         _write_atomic(build_file, json.dumps({"params": params, "key": key, "chunk_examples": chunk_examples},
                                              indent=2, sort_keys=True))
     for stale in where.glob(".chunk_*.tmp"):

@@ -219,49 +219,80 @@ def plot_layer_sets(sets: dict[str, Sequence[int]], n_layers: int, ax: Any = Non
     return ax
 
 
-def plot_tau_by_set(summary: Sequence[dict[str, Any]], datasets: Sequence[str], ax: Any = None,
-                    metric: str = "tau", xlabel: str = "acceptance length τ (tokens per target forward)") -> Any:
-    """Horizontal bars: mean of ``metric`` over training seeds per layer set (rows) and dataset
-    (colours), with min-max whiskers over seeds; the default set is outlined."""
+def plot_tau_intervals(summary: Sequence[dict[str, Any]], ax_tau: Any = None, ax_diff: Any = None) -> tuple[Any, Any]:
+    """Two panels over the layer sets (rows): offline acceptance length τ with its bootstrap
+    interval (left), and the paired difference to the default set with its interval (right; the
+    dashed line is "no difference"). Colour = verdict: better / worse / within noise / reference."""
     import matplotlib.pyplot as plt
 
     use_style()
-    names = list(dict.fromkeys(r["layer_set"] for r in summary))
+    rows = sorted(summary, key=lambda r: (r["group"] != "default", r["group"] == "floor", -float(r["tau"])))
+    if ax_tau is None or ax_diff is None:
+        _, (ax_tau, ax_diff) = plt.subplots(1, 2, figsize=(10, 0.32 * len(rows) + 1.4), sharey=True)
+    colours = {"reference": "black", "better": "tab:green", "worse": "tab:red", "within noise": "tab:grey"}
+    ys = np.arange(len(rows))
+    for y, r in zip(ys, rows):
+        c = colours.get(r["verdict"], "tab:blue")
+        ax_tau.errorbar(r["tau"], y, xerr=[[r["tau"] - r["tau_lo"]], [r["tau_hi"] - r["tau"]]], fmt="o", color=c,
+                        capsize=2, ms=4)
+        if r["group"] != "default":
+            ax_diff.errorbar(r["diff"], y, xerr=[[r["diff"] - r["diff_lo"]], [r["diff_hi"] - r["diff"]]], fmt="o",
+                             color=c, capsize=2, ms=4)
+    labels = [f"{r['layer_set']} [{r['layer_ids']}]" if r["layer_ids"] else r["layer_set"] for r in rows]
+    ax_tau.set_yticks(ys)
+    ax_tau.set_yticklabels(labels, fontsize=8)
+    if not ax_tau.yaxis_inverted():
+        ax_tau.invert_yaxis()
+    d = rows[0].get("draft_len", "")
+    ax_tau.set_xlabel(f"offline acceptance length τ at draft length {d} (tokens per target forward)")
+    ax_diff.axvline(0.0, color="black", lw=0.8, ls="--")
+    ax_diff.set_xlabel("paired difference to the default set (τ)")
+    handles = [plt.Line2D([], [], color=c, marker="o", ls="", label=v) for v, c in colours.items()]
+    ax_diff.legend(handles=handles, fontsize=7, loc="lower right")
+    return ax_tau, ax_diff
+
+
+def plot_paired_differences(rows: Sequence[dict[str, Any]], ax: Any = None, label_key: str = "layer_set",
+                            xlabel: str = "paired difference (τ)") -> Any:
+    """One point per row at ``diff`` with its interval ``diff_lo``..``diff_hi``; dashed zero line;
+    colour by ``verdict``."""
+    import matplotlib.pyplot as plt
+
+    use_style()
     if ax is None:
-        _, ax = plt.subplots(figsize=(6.4, 0.42 * len(names) * max(1, len(datasets)) / 1.6 + 1.2))
-    height = 0.8 / max(1, len(datasets))
-    for j, ds in enumerate(datasets):
-        rows = {r["layer_set"]: r for r in summary if r["dataset"] == ds}
-        ys = [i + (j - (len(datasets) - 1) / 2) * height for i in range(len(names))]
-        means = [float(rows[n][f"{metric}_mean"]) if n in rows else np.nan for n in names]
-        lo = [m - float(rows[n][f"{metric}_min"]) if n in rows else 0 for m, n in zip(means, names)]
-        hi = [float(rows[n][f"{metric}_max"]) - m if n in rows else 0 for m, n in zip(means, names)]
-        bars = ax.barh(ys, means, height=height, xerr=[lo, hi], label=ds, capsize=2, error_kw={"lw": 0.8})
-        for n, bar in zip(names, bars):
-            if n == "default":
-                bar.set_edgecolor("black")
-                bar.set_linewidth(1.2)
-    ax.set_yticks(range(len(names)))
-    ax.set_yticklabels([f"{n} [{next(r['layer_ids'] for r in summary if r['layer_set'] == n)}]" for n in names],
-                       fontsize=8)
-    if not ax.yaxis_inverted():  # shared y axes: invert once
-        ax.invert_yaxis()
+        _, ax = plt.subplots(figsize=(5.6, 0.45 * len(rows) + 1.4))
+    colours = {"better": "tab:green", "worse": "tab:red", "within noise": "tab:grey", "same set": "tab:blue"}
+    for y, r in enumerate(rows):
+        ax.errorbar(r["diff"], y, xerr=[[r["diff"] - r["diff_lo"]], [r["diff_hi"] - r["diff"]]], fmt="o", capsize=2,
+                    ms=4, color=colours.get(r["verdict"], "black"))
+    ax.set_yticks(range(len(rows)))
+    ax.set_yticklabels([str(r[label_key]) for r in rows], fontsize=8)
+    ax.invert_yaxis()
+    ax.axvline(0.0, color="black", lw=0.8, ls="--")
     ax.set_xlabel(xlabel)
-    ax.axvline(1.0, color="grey", lw=0.8, ls=":")  # tau 1 = nothing accepted; speedup 1 = as fast as HF
-    ax.legend(fontsize=8, loc="lower right")
+    handles = [plt.Line2D([], [], color=c, marker="o", ls="", label=v) for v, c in colours.items()]
+    ax.legend(handles=handles, fontsize=7, loc="best")
     return ax
 
 
 def plot_tau_curve(curve: Sequence[dict[str, Any]], ax: Any = None) -> Any:
-    """Acceptance length of the default layer set against the drafter's training tokens."""
+    """Offline acceptance length against the drafter's training tokens, one line per layer set,
+    with the bootstrap interval as a band."""
     import matplotlib.pyplot as plt
 
     use_style()
     if ax is None:
-        _, ax = plt.subplots(figsize=(4.2, 3.0))
-    pts = sorted((int(r["train_tokens"]), float(r["tau"])) for r in curve)
-    ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o")
+        _, ax = plt.subplots(figsize=(4.6, 3.2))
+    for name in dict.fromkeys(r["layer_set"] for r in curve):
+        pts = sorted((int(r["train_tokens"]), float(r["tau"]), float(r["tau_lo"]), float(r["tau_hi"]))
+                     for r in curve if r["layer_set"] == name)
+        x = [p[0] for p in pts]
+        ids = next(r["layer_ids"] for r in curve if r["layer_set"] == name)
+        (line,) = ax.plot(x, [p[1] for p in pts], marker="o", label=f"{name} [{ids}]")
+        ax.fill_between(x, [p[2] for p in pts], [p[3] for p in pts], color=line.get_color(), alpha=0.2)
     ax.set_xscale("log")
     ax.set_xlabel("training tokens seen by the drafter")
-    ax.set_ylabel("acceptance length τ (tokens/forward)")
+    d = curve[0].get("draft_len", "") if curve else ""
+    ax.set_ylabel(f"offline τ at draft length {d} (tokens/forward)")
+    ax.legend(fontsize=7)
     return ax

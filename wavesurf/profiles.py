@@ -1,7 +1,8 @@
 """Run profiles: the sizes the notebooks and ``wavesurf reproduce`` use.
 
 ``smoke`` is what CI runs through nbval (seconds per notebook), ``default`` is the main job on a
-2-core CPU with the embedded default model, ``paper`` the sizes a GPU user would pick. Each
+2-core CPU with the embedded default model, ``long`` the same statistics with drafters trained
+longer (at most 2 hours there), ``paper`` the sizes a GPU user would pick. Each
 profile is a plain nested dict so the drafter part (training steps, decoding prompts, ...) can be
 added under its own ``"drafter"`` key without touching the statistics part.
 
@@ -32,11 +33,14 @@ PROFILES: dict[str, dict[str, Any]] = {
         },
         "drafter": {
             # wavesurf.speed_table.SpeedTableSettings: tiny drafters, the pipeline only (tau ~1)
-            "features": {"max_tokens": 3000, "max_len": 256, "batch_tokens": 1024},
-            "train": {"train_tokens": 3000, "ttt_steps": 2, "draft_vocab_size": 2048, "batch_tokens": 1024,
+            "distill": {"train_tokens": 400, "heldout_tokens": 200, "max_new_tokens": 16, "max_len": 256,
+                        "chunk_examples": 4},
+            "features": {"max_len": 256, "batch_tokens": 1024},
+            "train": {"train_tokens": 1500, "ttt_steps": 2, "draft_vocab_size": 1024, "batch_tokens": 1024,
                       "warmup_steps": 2, "checkpoint_every": 50},
+            "acceptance": {"draft_len": 3, "max_draft_len": 4, "n_boot": 200},
             "bench": {"n_prompts": 1, "max_new_tokens": 8, "mode": "chain", "draft_len": 3},
-            "datasets": ["mt-bench"], "seeds": [0], "methods": ["combined"], "n_random": 2,
+            "datasets": ["mt-bench"], "seeds": [0], "methods": ["combined"], "n_random": 1,
             "curve_fractions": [0.5],
         },
     },
@@ -50,15 +54,38 @@ PROFILES: dict[str, dict[str, Any]] = {
             "sweep_filters": ["q0.25", "q0.5", "q0.75"], "sweep_estimator": "minibatch", "minibatch_size": 512,
         },
         "drafter": {
-            # every drafter sees the same 24k training tokens (one capture of the train split);
-            # 3 unrolled steps and an 8k draft vocabulary keep CPU training near 1k tokens/s
-            "features": {"max_tokens": 24_000, "max_len": 512, "batch_tokens": 4096},
-            "train": {"train_tokens": 24_000, "ttt_steps": 3, "draft_vocab_size": 8192, "batch_tokens": 2048,
-                      "warmup_steps": 5, "checkpoint_every": 50},
-            "bench": {"n_prompts": 2, "max_new_tokens": 32, "mode": "chain", "draft_len": 3},
-            "datasets": ["mt-bench", "humaneval", "sharegpt"], "seeds": [0, 1],
+            # wavesurf.speed_table.SpeedTableSettings. The target's own greedy answers (distilled once,
+            # ~33 tok/s batched on 2 cores) train every head; every set x seed gets the same budget
+            # (~1 pass over the 34k-token store, ~45 s per head at ~840 tok/s with 3 unrolled steps).
+            # Options from benchmarks/drafter_sweep.py (README "Drafter training options"): at this
+            # budget lr 1e-3 beat 3e-4, 3 unrolled steps matched 4 at 1.5x the speed, a 4,096-id
+            # vocabulary matched larger ones, init_lm_head=target and input_norm=rms were worse.
+            "distill": {"train_tokens": 24_000, "heldout_tokens": 4_000, "max_new_tokens": 256, "max_len": 512,
+                        "chunk_examples": 16},
+            "features": {"max_len": 512, "batch_tokens": 4096},
+            "train": {"train_tokens": 36_000, "ttt_steps": 3, "draft_vocab_size": 4096, "batch_tokens": 1024,
+                      "lr": 1e-3, "warmup_steps": 10, "checkpoint_every": 100},
+            "acceptance": {"draft_len": 4, "max_draft_len": 6, "n_boot": 2000},
+            "bench": {"n_prompts": 3, "max_new_tokens": 64, "mode": "chain", "draft_len": 2},
+            "datasets": ["mt-bench", "humaneval"], "seeds": [0, 1],
             "methods": ["entropy", "aggregate", "cka", "combined"], "n_random": 2,
             "curve_fractions": [0.25, 0.5],
+        },
+    },
+    "long": {
+        "description": "the default analysis with drafters trained ~4x longer on ~3x more of the target's answers (<= 2 h)",
+        "analysis": None,  # filled from "default" below: the same statistics and layer sets
+        "drafter": {
+            "distill": {"train_tokens": 72_000, "heldout_tokens": 4_000, "max_new_tokens": 256, "max_len": 512,
+                        "chunk_examples": 16},
+            "features": {"max_len": 512, "batch_tokens": 4096},
+            "train": {"train_tokens": 240_000, "ttt_steps": 3, "draft_vocab_size": 4096, "batch_tokens": 1024,
+                      "lr": 1e-3, "warmup_steps": 10, "checkpoint_every": 100},
+            "acceptance": {"draft_len": 4, "max_draft_len": 6, "n_boot": 2000},
+            "bench": {"n_prompts": 6, "max_new_tokens": 96, "mode": "chain", "draft_len": 4},
+            "datasets": ["mt-bench", "humaneval"], "seeds": [0],
+            "methods": ["entropy", "aggregate", "cka", "combined"], "n_random": 1,
+            "curve_fractions": [0.25],
         },
     },
     "paper": {
@@ -70,9 +97,11 @@ PROFILES: dict[str, dict[str, Any]] = {
             "minibatch_size": 1024,
         },
         "drafter": {
-            "features": {"max_tokens": 1_000_000, "max_len": 1024, "batch_tokens": 8192},
-            "train": {"train_tokens": 4_000_000, "ttt_steps": 7, "draft_vocab_size": 16384, "batch_tokens": 8192,
-                      "warmup_steps": 200, "checkpoint_every": 500},
+            "distill": {"train_tokens": 2_000_000, "heldout_tokens": 50_000, "max_new_tokens": 1024, "max_len": 2048},
+            "features": {"max_len": 2048, "batch_tokens": 8192},
+            "train": {"train_tokens": 8_000_000, "ttt_steps": 7, "draft_vocab_size": 32000, "batch_tokens": 8192,
+                      "lr": 3e-4, "warmup_steps": 200, "checkpoint_every": 500},
+            "acceptance": {"draft_len": 6, "max_draft_len": 8, "n_boot": 2000},
             "bench": {"n_prompts": 80, "max_new_tokens": 256, "mode": "tree", "depth": 6, "top_k": 8,
                       "total_tokens": 48},
             "datasets": ["mt-bench", "humaneval", "sharegpt"], "seeds": [0, 1, 2],
@@ -81,6 +110,7 @@ PROFILES: dict[str, dict[str, Any]] = {
         },
     },
 }
+PROFILES["long"]["analysis"] = copy.deepcopy(PROFILES["default"]["analysis"])
 
 
 class ProfileError(WavesurfError, ValueError):

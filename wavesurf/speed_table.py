@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from .errors import WavesurfError
-from .models import default_layer_ids
+from .models import default_layer_ids, to_sglang
 from .select import check_k, select_layers
 
 SELECTION_METHODS = ("entropy", "aggregate", "cka", "combined")
@@ -109,20 +109,30 @@ def layer_sets(
 class SpeedTableSettings:
     """Budgets of the speed table (a profile's ``"drafter"`` dict fills these).
 
-    ``features``: :class:`~wavesurf.drafter.features.FeatureSettings` fields (the training split is
-    captured once, at the union of the sets' layer ids); ``train``: :class:`TrainSettings` fields,
-    identical for every set (only ``seed`` varies over ``seeds``); ``bench``: keyword arguments of
-    :func:`wavesurf.bench.run_bench` except the dataset, run for each dataset of ``datasets``;
-    ``curve_fractions``: fractions of the training budget at which the default set is trained again
-    for the tau-against-training-tokens curve (first seed, first dataset).
+    ``distill``: the target's own greedy answers (:func:`wavesurf.distill.distill_corpus`) to ShareGPT
+    prompts, ``train_tokens`` generated tokens of the training split for the drafters and
+    ``heldout_tokens`` of the held-out split for offline acceptance, plus ``max_new_tokens`` per answer
+    and ``max_len`` per conversation (optional ``chunk_examples``: conversations per cache chunk,
+    which bounds how far generation runs past the budget; ``batch_size``); ``features``: :class:`~wavesurf.drafter.features.FeatureSettings`
+    fields other than the corpus (both stores hold the union of the sets' layer ids); ``train``:
+    :class:`~wavesurf.drafter.train.TrainSettings` fields, identical for every set (only ``seed``
+    varies over ``seeds``); ``acceptance``: ``draft_len`` (the chain length the table reports),
+    ``max_draft_len`` (lengths scored), ``n_boot`` and ``level`` of the bootstrap intervals;
+    ``bench``: keyword arguments of :func:`wavesurf.bench.run_bench` for the timed runs of the default
+    set, the best selected set and the best control on each of ``datasets``; ``curve_fractions``:
+    fractions of the training budget at which the default and the best set are trained again.
     """
 
-    features: dict = field(default_factory=lambda: {"max_tokens": 20_000})
-    train: dict = field(default_factory=lambda: {"train_tokens": 20_000, "ttt_steps": 3, "draft_vocab_size": 8192})
-    bench: dict = field(default_factory=lambda: {"n_prompts": 3, "max_new_tokens": 48, "mode": "chain", "draft_len": 4})
+    distill: dict = field(default_factory=lambda: {"train_tokens": 60_000, "heldout_tokens": 20_000,
+                                                   "max_new_tokens": 256, "max_len": 1024})
+    features: dict = field(default_factory=lambda: {"max_len": 1024, "batch_tokens": 4096})
+    train: dict = field(default_factory=lambda: {"train_tokens": 60_000, "ttt_steps": 4, "draft_vocab_size": 8192})
+    acceptance: dict = field(default_factory=lambda: {"draft_len": 4, "max_draft_len": 6, "n_boot": 2000,
+                                                      "level": 0.95})
+    bench: dict = field(default_factory=lambda: {"n_prompts": 3, "max_new_tokens": 64, "mode": "chain", "draft_len": 4})
     datasets: tuple[str, ...] = ("mt-bench", "humaneval", "sharegpt")
     seeds: tuple[int, ...] = (0, 1)
-    curve_fractions: tuple[float, ...] = (0.125, 0.25, 0.5)
+    curve_fractions: tuple[float, ...] = (0.25, 0.5)
     methods: tuple[str, ...] = SELECTION_METHODS  # selection methods whose sets enter the table
     n_random: int = 2  # random control sets
 
@@ -132,94 +142,258 @@ class SpeedTableSettings:
         bad = sorted(set(drafter) - known)
         if bad:
             raise WavesurfError(f"unknown speed-table settings {bad}; allowed: {', '.join(sorted(known))}")
-        return cls(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in drafter.items()})
+        out = cls(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in drafter.items()})
+        out.check()
+        return out
+
+    def check(self) -> None:
+        if not self.seeds:
+            raise WavesurfError("the speed table needs at least one training seed")
+        d = self.acceptance.get("draft_len", 4)
+        if isinstance(d, bool) or not isinstance(d, int) or not 1 <= d <= self.acceptance.get("max_draft_len", 6):
+            raise WavesurfError(f"acceptance draft_len={d!r} must be an integer in 1..max_draft_len")
+        for f in self.curve_fractions:
+            if not 0 < f < 1:
+                raise WavesurfError(f"curve fraction {f!r} must be in (0, 1)")
 
 
 @dataclass
 class SpeedTable:
-    rows: list[dict[str, Any]]  # one per layer set x seed x dataset
-    curve: list[dict[str, Any]]  # tau of the default set against training tokens
-    summary: list[dict[str, Any]]  # mean and spread over seeds per layer set x dataset
+    """The speed table's tidy outputs.
 
-    def best(self, dataset: str = "mt-bench") -> dict[str, Any]:
-        rows = [r for r in self.summary if r["dataset"] == dataset]
-        return max(rows, key=lambda r: r["tau_mean"])
+    ``rows``: one per layer set x seed (offline tau at every draft length, per-step accuracy,
+    training facts); ``summary``: one per layer set plus the bigram floor at ``draft_len``: tau with
+    its bootstrap interval over held-out sequences (seeds averaged), the paired difference to the
+    default set with its interval, the seed spread, and a verdict (``better``, ``worse``, ``within
+    noise``); ``timed``: real decoding of the default, the best selected set and the best control
+    against HF greedy ``generate``; ``curve``: offline tau against training tokens.
+    """
+
+    rows: list[dict[str, Any]]
+    summary: list[dict[str, Any]]
+    timed: list[dict[str, Any]]
+    curve: list[dict[str, Any]]
+    info: dict[str, Any] = field(default_factory=dict)
+    runs: dict[str, list[Any]] = field(default_factory=dict, repr=False)  # set name -> Acceptance per seed
+    aliases: dict[str, str] = field(default_factory=dict, repr=False)  # alias -> set name
+
+    def compare(self, name: str, baseline: str) -> dict[str, float]:
+        """Paired bootstrap difference of offline tau between two layer sets (or aliases) of the
+        table, at the table's draft length, seeds paired in order."""
+        from .drafter.acceptance import bootstrap_tau
+
+        a, b = self.aliases.get(name, name), self.aliases.get(baseline, baseline)
+        for n in (a, b):
+            if n not in self.runs:
+                raise KeyError(f"no layer set {n!r} in the speed table; sets: {sorted(self.runs)}")
+        return bootstrap_tau(self.runs[a], self.info["draft_len"], baseline=self.runs[b],
+                             n_boot=self.info.get("n_boot", 2000), level=self.info.get("level", 0.95))
+
+    def filtering_rows(self, methods: Sequence[str]) -> list[dict[str, Any]]:
+        """Per selection method: the set chosen from all positions and from the token-entropy
+        filtered ones, their offline tau, and the paired difference filtered - unfiltered."""
+        out = []
+        for m in methods:
+            plain, filt = self.aliases.get(m, m), self.aliases.get(m + "+filter", m + "+filter")
+            same = plain == filt
+            diff = {"diff": 0.0, "diff_lo": 0.0, "diff_hi": 0.0, "diff_seed_min": 0.0, "diff_seed_max": 0.0} if same \
+                else self.compare(filt, plain)
+            out.append({"method": m, "layer_ids": self.row(plain)["layer_ids"],
+                        "filtered_layer_ids": self.row(filt)["layer_ids"], "same_set": same,
+                        "tau": self.row(plain)["tau"], "filtered_tau": self.row(filt)["tau"],
+                        **{k: round(v, 5) for k, v in diff.items() if k.startswith("diff")},
+                        "verdict": "same set" if same else classify(diff)})
+        return out
+
+    def best(self, groups: Sequence[str] = ("selected", "selected+filter", "control", "default")) -> dict[str, Any]:
+        rows = [r for r in self.summary if r["group"] in groups]
+        return max(rows, key=lambda r: r["tau"])
+
+    def row(self, name: str) -> dict[str, Any]:
+        for r in self.summary:
+            if r["layer_set"] == name or name in r.get("aliases", "").split():
+                return r
+        raise KeyError(f"no layer set {name!r} in the speed table; sets: {[r['layer_set'] for r in self.summary]}")
+
+    @property
+    def verdict(self) -> str:
+        return verdict_sentence(self.summary, self.info)
 
 
-def _train_and_bench(target: Any, store: Any, ids: list[int], train: dict, seed: int, datasets: Sequence[str],
-                     bench: dict, progress: bool) -> tuple[Any, dict[str, Any]]:
-    from .bench import run_bench
+def classify(diff: dict[str, float]) -> str:
+    """``better``/``worse`` only when the paired interval excludes 0 *and* every seed agrees."""
+    if diff["diff_lo"] > 0 and diff["diff_seed_min"] > 0:
+        return "better"
+    if diff["diff_hi"] < 0 and diff["diff_seed_max"] < 0:
+        return "worse"
+    return "within noise"
+
+
+def verdict_sentence(summary: Sequence[dict[str, Any]], info: dict[str, Any]) -> str:
+    """One sentence: which sets beat the default by how much with what interval, or that none
+    differs beyond its interval (the largest difference given)."""
+    default = next(r for r in summary if r["group"] == "default")
+    others = [r for r in summary if r["group"] not in ("default", "floor")]
+    d, level = info.get("draft_len", 4), round(100 * info.get("level", 0.95))
+    where = (f"offline chain acceptance at draft length {d} on {info.get('heldout_sequences', '?')} held-out "
+             f"sequences ({info.get('heldout_positions', '?'):,} tokens), {info.get('seeds', '?')} training seeds per set")
+    base = f"the default {default['layer_ids']} (τ = {default['tau']:.3f})"
+    better = sorted((r for r in others if r["verdict"] == "better"), key=lambda r: -r["diff"])
+    fmt = lambda r: f"{r['layer_set']} [{r['layer_ids']}] by {r['diff']:+.3f} τ ({level}% CI {r['diff_lo']:+.3f} to {r['diff_hi']:+.3f})"  # noqa: E731
+    worse = sum(1 for r in others if r["verdict"] == "worse")
+    if better:
+        head = f"{len(better)} of {len(others)} layer sets beat {base}: " + "; ".join(fmt(r) for r in better[:3])
+    else:
+        top = max(others, key=lambda r: r["diff"]) if others else None
+        head = f"No layer set beats {base} beyond its {level}% interval" + (
+            f"; the largest difference is {fmt(top)}" if top else "")
+    return f"{head}; {worse} sets are worse ({where})."
+
+
+def _train_and_score(target: Any, train_store: Any, held_store: Any, ids: list[int], train: dict, seed: int,
+                     acceptance: dict, name: str, progress: bool) -> tuple[Any, Any, Any, dict]:
+    from .drafter.acceptance import offline_acceptance
     from .drafter.head import load_head
     from .drafter.train import TrainSettings, train_drafter
 
-    result = train_drafter(target, store, ids, TrainSettings(**{**train, "seed": seed}), progress=progress)
-    head, _ = load_head(result.out_dir, target)
-    runs = {ds: run_bench(target, head, ds, methods=["hf_generate", "eagle3"], progress=progress, **bench)
-            for ds in datasets}
-    return result, runs
+    result = train_drafter(target, train_store, ids, TrainSettings(**{**train, "seed": seed}), progress=progress)
+    head, info = load_head(result.out_dir, target)
+    acc = offline_acceptance(target, head, held_store, max_draft_len=acceptance.get("max_draft_len", 6),
+                             name=name, progress=progress)
+    return result, head, acc, info
+
+
+def distilled_stores(target: Any, settings: SpeedTableSettings, layer_ids: Sequence[int], progress: bool = True):
+    """The target's own answers to the ShareGPT training and held-out prompts, and a feature store
+    of each at ``layer_ids`` (plus layer N). Returns ``(train_store, heldout_store, train_corpus_name)``."""
+    from .distill import distill_corpus
+    from .drafter.features import FeatureSettings, build_feature_store
+
+    d = settings.distill
+    stores, names = [], []
+    for split, budget in (("train", d["train_tokens"]), ("heldout", d["heldout_tokens"])):
+        extra = {k: d[k] for k in ("chunk_examples", "batch_size") if k in d}  # speed only, not the answers
+        corpus = distill_corpus(target, "sharegpt", split=split, max_tokens=budget, max_len=d.get("max_len", 512),
+                                max_new_tokens=d.get("max_new_tokens", 256), progress=progress, **extra)
+        names.append(f"{corpus.name}#{corpus.info['key']}")  # this very entry, whatever its settings
+        stores.append(build_feature_store(
+            target, FeatureSettings(**{**settings.features, "dataset": names[-1], "split": split,
+                                       "max_tokens": None, "layer_ids": sorted(set(layer_ids))}),
+            progress=progress))
+    return stores[0], stores[1], names[0]
 
 
 def run_speed_table(target: Any, sets: Sequence[LayerSet], settings: SpeedTableSettings | None = None, *,
                     progress: bool = True) -> SpeedTable:
-    """Train one drafter per layer set and seed on the same captured tokens with the same budget,
-    and measure tau and speedup (against HF greedy ``generate``, in the same run) per dataset.
+    """Train one drafter per layer set and seed on the target's own answers with one budget, score
+    each by exact offline chain acceptance on held-out target answers (with paired bootstrap
+    intervals against the default set), then time real decoding of the default, the best selected
+    set and the best control against HF greedy ``generate``.
 
-    Every drafter and every benchmark is cached under its own key, so an interrupted run resumes
-    where it stopped and a re-run only reads the cache.
+    Every corpus, store, drafter, score and timed run is cached under its own key, so an
+    interrupted run resumes where it stopped and a re-run only reads the cache.
     """
-    from .drafter.features import FeatureSettings, build_feature_store
+    from .drafter.acceptance import bigram_acceptance, bootstrap_tau, build_bigram_table
 
     settings = settings or SpeedTableSettings()
+    settings.check()
+    acc_cfg = {"draft_len": 4, "max_draft_len": 6, "n_boot": 2000, "level": 0.95, **settings.acceptance}
+    d, level = acc_cfg["draft_len"], acc_cfg["level"]
     union = sorted({i for s in sets for i in s.layer_ids})
-    store = build_feature_store(target, FeatureSettings(**{**settings.features, "layer_ids": union}), progress=progress)
+    train_store, held_store, corpus_name = distilled_stores(target, settings, union, progress)
+
     rows: list[dict[str, Any]] = []
+    runs: dict[str, list[Any]] = {}
+    heads: dict[str, Any] = {}
     for s in sets:
         for seed in settings.seeds:
-            result, runs = _train_and_bench(target, store, s.layer_ids, settings.train, seed, settings.datasets,
-                                            settings.bench, progress)
-            for ds, run in runs.items():
-                spec, ref = run.summary["methods"]["eagle3"], run.summary["methods"]["hf_generate"]
-                rows.append({
-                    "layer_set": s.name, "group": s.group, "aliases": " ".join(s.aliases),
-                    "layer_ids": " ".join(map(str, s.layer_ids)),
-                    "sglang_layer_ids": " ".join(str(i - 1) for i in s.layer_ids), "seed": seed, "dataset": ds,
-                    "tau": spec["tau"], "speedup": spec["speedup"],
-                    "tokens_per_second": spec["mean_tokens_per_second"],
-                    "hf_tokens_per_second": ref["mean_tokens_per_second"], "lossless": spec.get("lossless", ""),
-                    "train_tokens": result.train_tokens, "train_seconds": round(result.seconds, 1),
-                    "train_tokens_per_second": round(result.tokens_per_second, 1),
-                    "accuracy_step0": round(result.accuracy[0], 4) if result.accuracy else "",
-                    "drafter": result.out_dir,
-                })
-    curve: list[dict[str, Any]] = []
-    default = next((s for s in sets if s.name == "default"), None)
+            result, head, acc, info = _train_and_score(target, train_store, held_store, s.layer_ids, settings.train,
+                                                       seed, acc_cfg, f"{s.name}/seed{seed}", progress)
+            runs.setdefault(s.name, []).append(acc)
+            heads.setdefault(s.name, result.out_dir)
+            vocab = info.get("vocab", {})
+            rows.append({
+                "layer_set": s.name, "group": s.group, "aliases": " ".join(s.aliases),
+                "layer_ids": " ".join(map(str, s.layer_ids)),
+                "sglang_layer_ids": " ".join(map(str, to_sglang(s.layer_ids, target.n_layers))), "seed": seed,
+                **{f"tau_{k}": round(acc.tau(k), 5) for k in acc.draft_lens},
+                **{f"step_accuracy_{j}": round(a, 5) for j, a in enumerate(acc.step_accuracy)},
+                "train_tokens": result.train_tokens, "train_steps": result.steps,
+                "train_seconds": round(result.seconds, 1), "train_tokens_per_second": round(result.tokens_per_second, 1),
+                "vocab_coverage_heldout": vocab.get("heldout_coverage", ""), "drafter": result.out_dir,
+            })
+
+    table = build_bigram_table(target, corpus_name, split="train")
+    floor = bigram_acceptance(target, table, held_store, max_draft_len=acc_cfg["max_draft_len"], progress=progress)
+    default = next(s for s in sets if s.group == "default")
+    base_runs = runs[default.name]
+    summary: list[dict[str, Any]] = []
+    for s in sets:
+        summary.append(_summary_row(s.name, s.group, s.aliases, s.layer_ids, runs[s.name], base_runs, acc_cfg))
+    floor_runs = [floor] * len(base_runs)  # deterministic: the same floor paired with every seed
+    summary.append(_summary_row("bigram", "floor", [], [], floor_runs, base_runs, acc_cfg))
+    info = {"draft_len": d, "level": level, "seeds": len(settings.seeds), "heldout_sequences": len(floor.sequence_ids),
+            "heldout_positions": floor.positions, "heldout_cut_tokens": floor.cut_tokens, "corpus": corpus_name,
+            "train_store_tokens": train_store.tokens, "heldout_store_tokens": held_store.tokens}
+
+    info.update(n_boot=acc_cfg["n_boot"])
+    aliases = {a: s.name for s in sets for a in s.aliases}
+    result = SpeedTable(rows, summary, [], [], info, {**runs, "bigram": floor_runs}, aliases)
+    by_name = {s.name: s for s in sets}
+    chosen = [("default", default.name)]
+    for label, groups in (("best selected", ("selected", "selected+filter")), ("best control", ("control",))):
+        cands = [r for r in summary if r["group"] in groups]
+        if cands:
+            chosen.append((label, max(cands, key=lambda r: r["tau"])["layer_set"]))
+    result.timed = _timed_rows(target, [(label, by_name[n], heads[n]) for label, n in chosen], settings, progress)
+
     budget = settings.train.get("train_tokens")
-    if default is not None and budget and settings.curve_fractions:
-        ds = settings.datasets[0]
-        for frac in sorted(settings.curve_fractions) + [1.0]:
-            train = {**settings.train, "train_tokens": max(1, int(budget * frac))}
-            result, runs = _train_and_bench(target, store, default.layer_ids, train, settings.seeds[0], [ds],
-                                            settings.bench, progress)
-            spec = runs[ds].summary["methods"]["eagle3"]
-            curve.append({"layer_set": "default", "dataset": ds, "fraction": frac, "train_tokens": result.train_tokens,
-                          "tau": spec["tau"], "speedup": spec["speedup"], "seed": settings.seeds[0]})
-    return SpeedTable(rows, curve, summarize_rows(rows))
+    best = result.best(("selected", "selected+filter", "control"))["layer_set"] if len(sets) > 1 else default.name
+    if budget and settings.curve_fractions:
+        for name in dict.fromkeys([default.name, best]):
+            s = by_name[name]
+            for frac in sorted(settings.curve_fractions) + [1.0]:
+                train = {**settings.train, "train_tokens": max(1, int(budget * frac))}
+                res, _, acc, _ = _train_and_score(target, train_store, held_store, s.layer_ids, train,
+                                                  settings.seeds[0], acc_cfg, f"{s.name}/curve{frac}", progress)
+                ci = bootstrap_tau([acc], d, n_boot=acc_cfg["n_boot"], level=level)
+                result.curve.append({"layer_set": name, "layer_ids": " ".join(map(str, s.layer_ids)),
+                                     "fraction": frac, "train_tokens": res.train_tokens, "seed": settings.seeds[0],
+                                     "draft_len": d, "tau": round(ci["tau"], 5), "tau_lo": round(ci["tau_lo"], 5),
+                                     "tau_hi": round(ci["tau_hi"], 5)})
+    return result
 
 
-def summarize_rows(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Mean and spread (sample std, min, max) of tau and speedup over seeds, per set x dataset."""
-    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
-    for r in rows:
-        groups.setdefault((r["layer_set"], r["dataset"]), []).append(r)
-    out = []
-    for (name, ds), rs in groups.items():
-        entry = {"layer_set": name, "group": rs[0]["group"], "aliases": rs[0]["aliases"],
-                 "layer_ids": rs[0]["layer_ids"], "dataset": ds, "seeds": len(rs)}
-        for key in ("tau", "speedup"):
-            vals = np.array([float(r[key]) for r in rs if r[key] is not None], dtype=float)
-            entry[f"{key}_mean"] = round(float(vals.mean()), 4) if vals.size else float("nan")
-            entry[f"{key}_std"] = round(float(vals.std(ddof=1)), 4) if vals.size > 1 else 0.0
-            entry[f"{key}_min"] = round(float(vals.min()), 4) if vals.size else float("nan")
-            entry[f"{key}_max"] = round(float(vals.max()), 4) if vals.size else float("nan")
-        out.append(entry)
-    return out
+def _summary_row(name: str, group: str, aliases: Sequence[str], layer_ids: Sequence[int], runs: list[Any],
+                 base_runs: list[Any], acc_cfg: dict) -> dict[str, Any]:
+    from .drafter.acceptance import bootstrap_tau
+
+    d = acc_cfg["draft_len"]
+    ci = bootstrap_tau(runs, d, baseline=base_runs, n_boot=acc_cfg["n_boot"], level=acc_cfg["level"])
+    row = {"layer_set": name, "group": group, "aliases": " ".join(aliases), "layer_ids": " ".join(map(str, layer_ids)),
+           "seeds": len(runs), "draft_len": d, **{k: round(v, 5) for k, v in ci.items()},
+           "step_accuracy_0": round(float(np.mean([r.step_accuracy[0] for r in runs])), 5)}
+    row["verdict"] = "reference" if group == "default" else classify(ci)
+    return row
+
+
+def _timed_rows(target: Any, chosen: Sequence[tuple[str, LayerSet, str]], settings: SpeedTableSettings,
+                progress: bool) -> list[dict[str, Any]]:
+    from .bench import run_bench
+    from .drafter.head import load_head
+
+    rows = []
+    for label, s, out_dir in chosen:
+        head, _ = load_head(out_dir, target)
+        for ds in settings.datasets:
+            run = run_bench(target, head, ds, methods=["hf_generate", "eagle3"], progress=progress, **settings.bench)
+            spec, ref = run.summary["methods"]["eagle3"], run.summary["methods"]["hf_generate"]
+            lossless = str(spec.get("lossless", ""))
+            same, _, total = lossless.partition("/")
+            rows.append({"role": label, "layer_set": s.name, "layer_ids": " ".join(map(str, s.layer_ids)),
+                         "dataset": ds, "tau": spec["tau"], "speedup": spec["speedup"],
+                         "tokens_per_second": spec["mean_tokens_per_second"],
+                         "hf_tokens_per_second": ref["mean_tokens_per_second"],
+                         "lossless_prompts": int(same) if same.isdigit() else "",
+                         "prompts": int(total) if total.isdigit() else "", "drafter": out_dir})
+    return rows

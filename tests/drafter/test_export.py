@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 import torch
@@ -81,6 +82,11 @@ def test_export_from_saved_dir_and_bad_inputs(head, smollm, gemma, tmp_path):
         load_export(out, gemma)
     with pytest.raises(FileExistsError):
         export_drafter(head, "eagle3", out)
+    normed = DraftHead(replace(DraftConfig.for_target(smollm, [3, 15, 27], 4096), input_norm="rms"))
+    for fmt in ("eagle3", "speculators"):
+        with pytest.raises(DrafterError, match="input_norm='rms'.*cannot express"):
+            export_drafter(normed, fmt, tmp_path / f"normed-{fmt}")
+        assert not (tmp_path / f"normed-{fmt}").exists()
     # a hand-edited convention slip is caught on load
     cfg = json.loads((out / "config.json").read_text())
     cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = [3, 15, 27]

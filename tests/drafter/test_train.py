@@ -151,7 +151,11 @@ def test_refusals(smollm, tiny_store, tmp_cache, tmp_path):
 
 
 def test_cli_train(smollm, tmp_cache, tmp_path, capsys):
-    args = ["train", "--layers", "2,15,27", "--max-train-tokens", "1024", "--max-len", "128", "--store-layers", "train",
+    # the default corpus is the target's own answers: without `wavesurf distill` the error says how to make it
+    assert main(["train", "--layers", "2,15,27", "--quiet"]) != 0
+    assert "wavesurf distill" in capsys.readouterr().err
+    args = ["train", "--layers", "2,15,27", "--dataset", "sharegpt", "--max-train-tokens", "1024", "--max-len", "128",
+            "--store-layers", "train",
             "--ttt-steps", "2", "--draft-vocab", "512", "--steps", "3", "--batch-tokens", "256", "--out",
             str(tmp_path / "cli"), "--quiet"]
     assert main(args) == 0

@@ -70,6 +70,14 @@ def export_drafter(head: DraftHead | str | Path, fmt: str, out: str | Path, *, i
     if not isinstance(head, DraftHead):
         head, _ = load_head(head)
     c = head.config
+    if c.input_norm != "none":
+        # vLLM's and SGLang's EAGLE-3 heads feed the concatenated target states straight into fc
+        # (vllm-project/vllm vllm/model_executor/models/llama_eagle3.py combine_hidden_states;
+        # sgl-project/sglang python/sglang/srt/models/llama_eagle3.py): a per-stream RMS before fc
+        # would be silently dropped, so such a head is refused rather than exported wrong.
+        raise DrafterError(f"this head was trained with input_norm={c.input_norm!r} (each target stream divided by "
+                          f"its RMS before fc), which the {fmt!r} format cannot express: vLLM and SGLang feed the "
+                          "raw streams to fc. Train with input_norm='none' (the default) to export")
     if 0 in c.layer_ids:
         warnings.warn("layer id 0 (embedding output) has no SpecForge/SGLang 'output of block k' name; it is "
                       "written as -1 in the eagle3 format", stacklevel=2)

@@ -46,7 +46,8 @@ STORE_DTYPES = ("float16", "float32")
 @dataclass
 class FeatureSettings:
     """What a feature store holds. ``layer_ids`` None = every id 0..N (vLLM convention); id N is
-    always added. ``max_tokens`` is the exact number of real training-split tokens captured."""
+    always added. ``max_tokens`` is the exact number of real training-split tokens captured (None:
+    every example of the corpus, each cut at ``max_len``)."""
 
     dataset: str = "sharegpt"
     split: str | None = "train"
@@ -62,8 +63,11 @@ class FeatureSettings:
             raise DrafterError(f"feature dtype {self.dtype!r} is not one of {STORE_DTYPES}")
         for name in ("max_tokens", "max_len", "batch_tokens"):
             value = getattr(self, name)
+            if value is None and name == "max_tokens":
+                continue
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise DrafterError(f"{name}={value!r} must be a positive integer")
+                raise DrafterError(f"{name}={value!r} must be a positive integer" + (" or None (the whole corpus)"
+                                                                                      if name == "max_tokens" else ""))
 
 
 class TargetHead:
@@ -156,7 +160,7 @@ def build_feature_store(
     from tqdm.auto import tqdm
 
     from ..capture import capture
-    from ..data import check_corpus_target, encode_budget, load_corpus
+    from ..data import check_corpus_target, encode, encode_budget, load_corpus
 
     settings = replace(settings or FeatureSettings(), **overrides)
     settings.check()
@@ -172,7 +176,12 @@ def build_feature_store(
     ids = params["layer_ids"]
     corpus = load_corpus(settings.dataset, split=settings.split, seed=settings.split_seed)
     check_corpus_target(corpus, target)
-    encoded = encode_budget(corpus, target.tokenizer, target.has_chat_template, settings.max_tokens, settings.max_len)
+    if settings.max_tokens is None:  # the whole corpus, each example cut at max_len
+        encoded = [e for e in (encode(x, target.tokenizer, target.has_chat_template, settings.max_len)
+                               for x in corpus.examples) if len(e) >= 2]
+    else:
+        encoded = encode_budget(corpus, target.tokenizer, target.has_chat_template, settings.max_tokens,
+                                settings.max_len)
     has_assistant = any(bool((e.roles == ROLE_ASSISTANT).any()) for e in encoded)
     loss_roles = "assistant" if has_assistant else "content"
     batches = make_batches(encoded, settings.batch_tokens)

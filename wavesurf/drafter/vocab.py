@@ -138,10 +138,7 @@ def build_draft_vocab(
         encoded = _encode_upto(corpus, target, max_tokens, max_len)
         counts, rule = count_tokens(encoded, target.vocab_size)
         if heldout_split and heldout_split != split:
-            try:
-                held_corpus = load_corpus(dataset, split=heldout_split, seed=split_seed)
-            except Exception:  # noqa: BLE001 - a corpus without that split: no held-out coverage
-                held_corpus = None
+            held_corpus = _heldout_corpus(dataset, heldout_split, split_seed)
             if held_corpus is not None and len(held_corpus):
                 held, _ = count_tokens(_encode_upto(held_corpus, target, None, max_len, cap=HELDOUT_VOCAB_TOKENS),
                                        target.vocab_size)
@@ -159,6 +156,25 @@ def build_draft_vocab(
         info.update(heldout_split=heldout_split, heldout_tokens=int(held.sum()),
                     heldout_coverage=round(float(held[ids].sum() / held.sum()), 6))
     return DraftVocab(ids, counts[ids], coverage, int(counts.sum()), str(rule), info)
+
+
+def _heldout_corpus(dataset: str, split: str, split_seed: int) -> Any:
+    """The held-out split the coverage is measured on: the same corpus, or for a generated one
+    (``sharegpt@model#key``: the key names the training entry only) the model's default held-out
+    entry, else the source corpus's own held-out split; None when none exists."""
+    from ..data import load_corpus, parse_generated_name
+
+    names = [dataset]
+    parsed = parse_generated_name(dataset)
+    if parsed is not None:
+        base, model, _ = parsed
+        names = [f"{base}@{model}", base]
+    for name in names:
+        try:
+            return load_corpus(name, split=split, seed=split_seed)
+        except Exception:  # noqa: BLE001 - a corpus without that split: try the next, else no coverage
+            continue
+    return None
 
 
 def _encode_upto(corpus: Any, target: Any, max_tokens: int | None, max_len: int,

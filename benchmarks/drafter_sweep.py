@@ -1,0 +1,110 @@
+"""Which drafter training options earn their keep? Trains the default layer set once per option
+setting at one token budget and scores every head by exact offline chain acceptance on the same
+held-out target answers, with paired bootstrap intervals against the first (baseline) setting.
+
+    python benchmarks/drafter_sweep.py --model smollm2-135m --train-tokens 40000 \
+        --dataset sharegpt@smollm2-135m --heldout sharegpt@smollm2-135m
+
+The corpora default to the target's own answers (``wavesurf distill`` first). Prints one row per
+setting: tau at draft lengths 1..6, step-0 accuracy, paired difference at ``--draft-len`` with its
+interval, training seconds and tokens/s, and the thread count / load average (training speed is only
+comparable on a quiet machine; tau is not affected by load).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+#: name -> TrainSettings overrides on top of the baseline; each is one question
+SETTINGS = {
+    "baseline": {},
+    "lr3e-4": {"lr": 3e-4},
+    "lr3e-3": {"lr": 3e-3},
+    "batch2048": {"batch_tokens": 2048},
+    "batch512": {"batch_tokens": 512},
+    "init_lm_head": {"init_lm_head": "target"},
+    "input_norm": {"input_norm": "rms"},
+    "vocab2048": {"draft_vocab_size": 2048},
+    "vocab8192": {"draft_vocab_size": 8192},
+    "ttt3": {"ttt_steps": 3},
+    "ttt6": {"ttt_steps": 6},
+    "warmup30": {"warmup_steps": 30},
+    "tokens150k": {"train_tokens": 150_000},
+    "tokens400k": {"train_tokens": 400_000},
+}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--dataset", default=None, help="training corpus (default: sharegpt@<model>)")
+    ap.add_argument("--split", default="train")
+    ap.add_argument("--heldout", default=None, help="held-out corpus (default: sharegpt@<model>)")
+    ap.add_argument("--heldout-split", default="heldout")
+    ap.add_argument("--train-tokens", type=int, default=40_000)
+    ap.add_argument("--max-len", type=int, default=512)
+    ap.add_argument("--draft-len", type=int, default=4)
+    ap.add_argument("--base", default="{}", help="JSON TrainSettings shared by every setting")
+    ap.add_argument("--only", default=",".join(SETTINGS), help="comma-separated settings to run")
+    ap.add_argument("--layers", default=None, help="vLLM ids (default: the EAGLE-3 rule)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default=None, help="write the rows as JSON here")
+    args = ap.parse_args()
+
+    import torch
+
+    from wavesurf.drafter.acceptance import bigram_acceptance, bootstrap_tau, build_bigram_table, offline_acceptance
+    from wavesurf.drafter.features import FeatureSettings, build_feature_store
+    from wavesurf.drafter.head import load_head
+    from wavesurf.drafter.train import TrainSettings, train_drafter
+    from wavesurf.models import configure_torch, load_target
+
+    configure_torch()
+    target = load_target(args.model)
+    ids = [int(i) for i in args.layers.split(",")] if args.layers else target.default_layer_ids()
+    dataset = args.dataset or f"sharegpt@{target.name}"
+    heldout = args.heldout or f"sharegpt@{target.name}"
+    split = None if args.split == "none" else args.split
+    hsplit = None if args.heldout_split == "none" else args.heldout_split
+    feats = {"max_tokens": None, "max_len": args.max_len, "batch_tokens": 4096, "layer_ids": ids}
+    store = build_feature_store(target, FeatureSettings(dataset=dataset, split=split, **feats))
+    held = build_feature_store(target, FeatureSettings(dataset=heldout, split=hsplit, **feats))
+    base = {"train_tokens": args.train_tokens, "ttt_steps": 4, "draft_vocab_size": 4096, "batch_tokens": 1024,
+            "warmup_steps": 10, "lr": 1e-3, "checkpoint_every": 10_000, "seed": args.seed, **json.loads(args.base)}
+    print(f"threads {torch.get_num_threads()}, load average {os.getloadavg()[0]:.2f}; train store {store.tokens:,} "
+          f"tokens, held-out store {held.tokens:,} tokens; layers {ids}; base {base}", flush=True)
+    rows, ref = [], None
+    for name in args.only.split(","):
+        t0 = time.perf_counter()
+        res = train_drafter(target, store, ids, TrainSettings(**{**base, **SETTINGS[name]}), progress=False)
+        head, info = load_head(res.out_dir, target)
+        acc = offline_acceptance(target, head, held, max_draft_len=6, name=name, progress=False)
+        ref = ref or acc
+        ci = bootstrap_tau([acc], args.draft_len, baseline=[ref])
+        row = {"setting": name, **{f"tau_{d}": round(acc.tau(d), 4) for d in acc.draft_lens},
+               "step0_acc": round(acc.step_accuracy[0], 4), "diff": round(ci["diff"], 4),
+               "diff_lo": round(ci["diff_lo"], 4), "diff_hi": round(ci["diff_hi"], 4),
+               "train_s": round(res.seconds, 1), "tok_per_s": round(res.tokens_per_second, 1),
+               "heldout_coverage": info.get("vocab", {}).get("heldout_coverage"),
+               "load": round(os.getloadavg()[0], 2), "wall_s": round(time.perf_counter() - t0, 1)}
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    table = build_bigram_table(target, dataset, split=split)
+    floor = bigram_acceptance(target, table, held, max_draft_len=6, progress=False)
+    ci = bootstrap_tau([floor], args.draft_len, baseline=[ref])
+    print(json.dumps({"setting": "bigram floor", **{f"tau_{d}": round(floor.tau(d), 4) for d in floor.draft_lens},
+                      "step0_acc": round(floor.step_accuracy[0], 4), "diff": round(ci["diff"], 4),
+                      "diff_lo": round(ci["diff_lo"], 4), "diff_hi": round(ci["diff_hi"], 4)}))
+    print(f"held-out: {len(ref.sequence_ids)} sequences, {ref.positions:,} continuation tokens "
+          f"({ref.cut_tokens} cut where the stored token was not the target's greedy choice)")
+    if args.out:
+        with open(args.out, "w") as fh:
+            json.dump(rows, fh, indent=1)
+
+
+if __name__ == "__main__":
+    main()
