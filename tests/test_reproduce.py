@@ -24,11 +24,14 @@ from .conftest import SMALL
 
 # ---------------------------------------------------------------------------------------------
 def test_profiles_and_unknown_profile():
-    assert profile_names() == ["smoke", "default", "paper"]
+    from wavesurf.speed_table import SpeedTableSettings
+
+    assert profile_names() == ["smoke", "default", "long", "paper"]
     for name in profile_names():
         p = get_profile(name)
         assert set(p["analysis"]) >= {"max_tokens", "estimator", "selection_filter", "sweep_filters"}
-        assert "drafter" in p  # room for the drafter settings
+        SpeedTableSettings.from_profile(p["drafter"])  # every drafter entry is a valid speed-table setting
+    assert get_profile("long")["analysis"] == get_profile("default")["analysis"]  # same statistics and sets
     get_profile("smoke")["analysis"]["max_tokens"] = -1  # a copy: the table is untouched
     assert PROFILES["smoke"]["analysis"]["max_tokens"] > 0
     with pytest.raises(ProfileError, match="unknown profile 'fast'.*smoke, default, long, paper"):
