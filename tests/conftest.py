@@ -54,3 +54,41 @@ def small_stats(smollm):
     from wavesurf.stats.analysis import analyze
 
     return analyze(smollm, progress=False, **SMALL)
+
+
+# Small random-weight HF causal LMs saved to a directory with SmolLM2's tokenizer: the "any HF
+# model from a local directory" path, cheap enough to run end to end.
+def _tiny_config(arch: str, vocab_size: int):
+    from transformers import Gemma3TextConfig, LlamaConfig, Qwen2Config
+
+    common = dict(vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=6,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024, tie_word_embeddings=True)
+    if arch == "llama":
+        return LlamaConfig(**common)
+    if arch == "qwen2":
+        return Qwen2Config(**common)
+    if arch == "gemma3":
+        return Gemma3TextConfig(**common, head_dim=16, sliding_window=64, query_pre_attn_scalar=16)
+    raise ValueError(f"no tiny config for {arch!r}")
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(smollm, tmp_path_factory):
+    """``tiny_model_dir(arch)`` -> a directory with a 6-layer, d=64 random-weight model of ``arch``
+    (llama, qwen2, gemma3); written once per session."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    made: dict = {}
+
+    def make(arch: str):
+        if arch not in made:
+            where = tmp_path_factory.mktemp("models") / f"tiny-{arch}"
+            torch.manual_seed(0)
+            model = AutoModelForCausalLM.from_config(_tiny_config(arch, smollm.vocab_size))
+            model.save_pretrained(where)
+            smollm.tokenizer.save_pretrained(where)
+            made[arch] = (where, type(model).__name__)
+        return made[arch]
+
+    return make

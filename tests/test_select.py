@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from wavesurf import select as sel
+from wavesurf.consumers import ConsumerError
 from wavesurf.select import METHODS, SelectionError, select_layers
 from wavesurf.stats.entropy import aggregate_entropy2_closed_form
 
@@ -94,6 +95,7 @@ def test_eagle_config_snippets(small_stats):
     assert s.eagle_config("specforge") == {"eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 14, 26],
                                                             "use_aux_hidden_state": True}}
     assert s.eagle_config("vllm") == {"eagle_aux_hidden_state_layer_ids": [2, 15, 27]}
+    assert s.eagle_config("sglang")["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 14, 26]
     with_embedding = select_layers(small_stats, 31, "combined", candidates=range(31))
-    with pytest.raises(SelectionError, match="embeddings"):
+    with pytest.raises(ConsumerError, match=r"\[0, 30\] cannot be served"):
         with_embedding.eagle_config("specforge")

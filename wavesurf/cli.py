@@ -32,7 +32,21 @@ def _positive_int(text: str) -> int:
 
 
 def _print_json(obj: Any) -> None:
+    """Print a summary (only from the first process when several run under a launcher)."""
+    if os.environ.get("RANK", "0") not in ("", "0"):
+        return
     print(json.dumps(obj, indent=2))
+
+
+def _process_device(device: str) -> str:
+    """The device of this process: under `accelerate launch` / torchrun each process takes the
+    GPU of its LOCAL_RANK."""
+    from .models import pick_device
+
+    device = pick_device(device)
+    if device == "cuda" and "LOCAL_RANK" in os.environ:
+        device = f"cuda:{os.environ['LOCAL_RANK']}"
+    return device
 
 
 def cmd_models(args: argparse.Namespace) -> int:
@@ -80,13 +94,10 @@ def cmd_capture(args: argparse.Namespace) -> int:
     from .capture import run_capture
 
     layers = args.layers
+    model = _load_target(args)
     if layers == "all":
-        from .models import load_target
-
-        target = load_target(args.model, device=args.device)
-        layers, model = target.layer_ids, target
+        layers = model.layer_ids
     else:
-        model = args.model
         layers = None if layers in (None, "default") else layers
     summary = run_capture(
         model, args.dataset, args.max_tokens, split=args.split, split_seed=args.split_seed, layer_ids=layers,
@@ -118,16 +129,20 @@ def _default_split(args: argparse.Namespace) -> str | None:
 
 
 def _run_analysis(args: argparse.Namespace, k: int | None = None):
-    from .models import load_target
     from .select import check_k
     from .stats.analysis import analyze
 
     settings = _analysis_settings(args)
     settings.check()  # bad options fail before the model loads
-    target = load_target(args.model, device=args.device)
+    from .distributed import init_from_env
+
+    target = _load_target(args, device=_process_device(args.device))
     if k is not None:  # and before the (slow) analysis
         check_k(k, target.n_layers)
-    return target, analyze(target, settings, use_cache=not args.no_cache, progress=not args.quiet)
+    # under `accelerate launch` / torchrun: each process runs its share of the batches, rank 0 writes
+    shard = init_from_env(target.device)
+    return target, analyze(target, settings, use_cache=not args.no_cache, progress=not args.quiet and shard.is_main,
+                           shard=shard)
 
 
 def cmd_analyze(args: argparse.Namespace) -> int:
@@ -161,7 +176,12 @@ def cmd_select(args: argparse.Namespace) -> int:
     if args.method == "entropy" and args.min_spacing is not None:
         options["min_spacing"] = args.min_spacing
     selection = select_layers(stats, k=args.k, method=args.method, candidates=candidates, **options)
+    from .consumers import servable_formats
+
     out = selection.to_dict()
+    # which export formats can serve these ids (none when the set holds id 0 or N, which no serving
+    # stack captures): known before a drafter is trained on them
+    out["export_formats"] = servable_formats(selection.layer_ids, target.n_layers)
     if args.eagle_config:
         out = selection.eagle_config(args.eagle_config)
     _print_json(out)
@@ -169,22 +189,24 @@ def cmd_select(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from .drafter.export import export_drafter
+    from .drafter.export import check_dtype, check_format, export_drafter, written_layer_ids
     from .drafter.head import load_head
 
+    check_format(args.format)
+    check_dtype(args.dtype)
     head, info = load_head(args.drafter)
+    c = head.config
+    ids_written = written_layer_ids(args.format, list(c.layer_ids), c.target_n_layers)  # refuse before loading
     target = None
     if args.with_embedding:
         from .models import load_target
 
         target = load_target(head.config.target_name, device="cpu")
     out = export_drafter(head, args.format, args.out, include_embedding=target, verifier=args.verifier,
+                         verifier_architecture=args.verifier_architecture, dtype=args.dtype,
                          speculative_tokens=args.speculative_tokens, overwrite=args.overwrite)
-    c = head.config
-    _print_json({"out": str(out), "format": args.format, "target": c.target_name,
-                 "layer_ids": c.layer_ids, "convention_written": "vllm" if args.format == "speculators" else "sglang",
-                 "ids_written": c.layer_ids if args.format == "speculators" else [i - 1 for i in c.layer_ids],
-                 "draft_vocab_size": c.draft_vocab_size})
+    _print_json({"out": str(out), "format": args.format, "target": c.target_name, "layer_ids": c.layer_ids,
+                 "ids_written": ids_written, "dtype": args.dtype, "draft_vocab_size": c.draft_vocab_size})
     return 0
 
 
@@ -194,7 +216,6 @@ def cmd_train(args: argparse.Namespace) -> int:
     from .data import base_corpus
     from .drafter.features import FeatureSettings, build_feature_store
     from .drafter.train import TrainSettings, train_drafter
-    from .models import load_target
 
     settings = TrainSettings(
         ttt_steps=args.ttt_steps, lr=args.lr, warmup_steps=args.warmup_steps, schedule=args.schedule,
@@ -202,12 +223,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         draft_vocab_size=args.draft_vocab, vocab_tokens=args.vocab_tokens, checkpoint_every=args.checkpoint_every,
         log_every=args.log_every, init_lm_head=args.init_lm_head, input_norm=args.input_norm)
     settings.check()  # bad options fail before the model loads
-    from .models import pick_device
-
-    device = pick_device(args.device)
-    if device == "cuda" and "LOCAL_RANK" in os.environ:  # one GPU per process under accelerate launch
-        device = f"cuda:{os.environ['LOCAL_RANK']}"
-    target = load_target(args.model, device=device)
+    device = _process_device(args.device)
+    target = _load_target(args, device=device)
     layers = target.default_layer_ids() if args.layers == "default" else args.layers
     if layers == "all":
         raise ValueError("--layers all: a drafter reads a few layers; give ids like 2,15,27 or 'default'")
@@ -236,7 +253,6 @@ def cmd_train(args: argparse.Namespace) -> int:
 def cmd_distill(args: argparse.Namespace) -> int:
     from .data import SPLITS
     from .distill import check_settings, distill_corpus, summary
-    from .models import load_target
 
     check_settings(args.max_tokens, args.max_len, args.max_new_tokens, args.temperature, args.seed,
                    args.batch_size, args.chunk_examples)  # bad options fail before the model loads
@@ -247,7 +263,7 @@ def cmd_distill(args: argparse.Namespace) -> int:
         split = None
     elif split not in SPLITS:
         raise ValueError(f"--split {split!r} is not one of {', '.join(SPLITS)} or none")
-    target = load_target(args.model, device=args.device)
+    target = _load_target(args)
     corpus = distill_corpus(target, args.dataset, split, max_tokens=args.max_tokens, max_len=args.max_len,
                             max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed,
                             batch_size=args.batch_size, split_seed=args.split_seed,
@@ -270,7 +286,6 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     from .bench import METHODS, run_bench, untrained_head
     from .drafter.decode import _check_run, make_tree
-    from .models import load_target
 
     methods = [m for m in args.methods.split(",") if m]
     bad = [m for m in methods if m not in METHODS]
@@ -278,7 +293,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         raise ValueError(f"--methods {bad} not allowed; choose from {', '.join(METHODS)}")
     make_tree(args.mode, draft_len=args.draft_len, depth=args.depth, top_k=args.top_k, total_tokens=args.total_tokens)
     _check_run(args.max_new_tokens, args.temperature)  # bad options fail before the model loads
-    target = load_target(args.model, device=args.device)
+    target = _load_target(args)
     drafter_id = None
     if args.drafter == "untrained":
         head = untrained_head(target)
@@ -327,9 +342,19 @@ def _add_analysis_options(p: argparse.ArgumentParser) -> None:
     _add_runtime_options(p)
 
 
+def _load_target(args: argparse.Namespace, device: str | None = None):
+    """The target named by --model, on --device, in --model-dtype, downloading only with --allow-download."""
+    from .models import load_target
+
+    return load_target(args.model, device=device or args.device, dtype=args.model_dtype,
+                       allow_download=args.allow_download)
+
+
 def _add_runtime_options(p: argparse.ArgumentParser) -> None:
-    """--device, --allow-download and --quiet, shared by every verb that loads a model."""
+    """--device, --model-dtype, --allow-download and --quiet, shared by every verb that loads a model."""
     p.add_argument("--device", default="auto", help="auto (CUDA if present), cpu, cuda, cuda:N")
+    p.add_argument("--model-dtype", default=None, choices=["float32", "bfloat16", "float16"],
+                   help="weights of the target (default float32; bfloat16/float16 on GPU only, e.g. for an 8B target)")
     p.add_argument("--allow-download", action="store_true",
                    help="let transformers download a Hugging Face model (off by default)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -392,9 +417,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--trade-off", type=float, default=0.5,
                    help="combined: weight t of diversity (1 - mean CKA) against normalised entropy (default 0.5)")
     p.add_argument("--min-spacing", type=int, default=None, help="entropy: minimum distance between picked ids (default N // 2k)")
-    p.add_argument("--eagle-config", choices=["specforge", "vllm", "speculators"], default=None,
-                   help="print the drafter-config snippet instead: SpecForge/SGLang 'output of block k' ids, "
-                        "or vLLM/speculators ids")
+    p.add_argument("--eagle-config", choices=["vllm", "sglang", "sglang-legacy", "specforge", "speculators"],
+                   default=None,
+                   help="print the drafter-config snippet for that consumer instead, its ids written by its own "
+                        "rule (see `wavesurf export --help`)")
     _add_analysis_options(p)
     p.set_defaults(func=cmd_select)
 
@@ -448,17 +474,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no per-cell progress bars")
     p.set_defaults(func=cmd_reproduce)
 
-    p = sub.add_parser("export", help="write a trained drafter for vLLM or SGLang",
-                       description="Export a drafter directory (written by `wavesurf train`) as an EAGLE-3 checkpoint: "
-                                   "'eagle3' (SpecForge/SGLang config, ids as 'output of block k') or 'speculators' "
-                                   "(vLLM native, vLLM ids, norm_before_residual written explicitly).")
+    p = sub.add_parser("export", help="write a trained drafter for vLLM, SGLang, SpecForge or speculators",
+                       description="Export a drafter directory (written by `wavesurf train`) for the consumer that "
+                                   "will read it. Each format writes the layer ids in the convention and the place "
+                                   "its consumer reads them: 'vllm' (top-level eagle_aux_hidden_state_layer_ids, "
+                                   "vLLM ids), 'sglang' (SGLang with PR #25454: +1 only when the first id is 1), "
+                                   "'sglang-legacy' (older SGLang: always +1), 'specforge' (three 'output of block "
+                                   "k' ids) and 'speculators' (vLLM's native format, any number of layers, verifier "
+                                   "HF id and architecture). Ids a consumer cannot capture (0 and N) and layer "
+                                   "counts other than 3 for fixed-width consumers are refused.")
     p.add_argument("--drafter", required=True, help="drafter directory (wavesurf-drafter.json + drafter.safetensors)")
-    p.add_argument("--format", required=True, help="eagle3 or speculators")
+    p.add_argument("--format", required=True, help="vllm, sglang, sglang-legacy, specforge or speculators")
     p.add_argument("--out", required=True, help="output directory (must not exist unless --overwrite)")
+    p.add_argument("--dtype", default="bfloat16", help="weight dtype: bfloat16 (default), float16 or float32")
     p.add_argument("--overwrite", action="store_true", help="replace an existing output directory")
     p.add_argument("--with-embedding", action="store_true",
                    help="also store the target's input embedding as embed_tokens.weight (servers use the target's anyway)")
-    p.add_argument("--verifier", default=None, help="speculators: the target's HF id or path (default: the target name)")
+    p.add_argument("--verifier", default=None,
+                   help="speculators: the target's HF id or path (default: the embedded model's HF id, e.g. "
+                        "HuggingFaceTB/SmolLM2-135M-Instruct, or the target's own id)")
+    p.add_argument("--verifier-architecture", default=None,
+                   help="speculators: the target's HF architecture (default: read from the target's config)")
     p.add_argument("--speculative-tokens", type=_positive_int, default=3,
                    help="speculators: default number of speculative tokens (default 3)")
     p.set_defaults(func=cmd_export)
@@ -553,10 +589,11 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "allow_download", False):
         os.environ["HF_HUB_OFFLINE"] = "1"  # packaged models and local caches only
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from .distributed import local_threads
     from .errors import WavesurfError
     from .models import configure_torch
 
-    configure_torch()
+    configure_torch(local_threads())  # several processes on one machine share its cores
     try:
         return args.func(args)
     except (WavesurfError, FileExistsError, ValueError) as exc:

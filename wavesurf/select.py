@@ -47,21 +47,19 @@ class Selection:
     convention: str = "vllm"
     stats_key: str | None = None
     alternatives: list[dict[str, Any]] = field(default_factory=list)
+    n_layers: int | None = None  # N of the target (needed to say which ids a server can capture)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     def eagle_config(self, flavour: str = "specforge") -> dict[str, Any]:
-        """The snippet a drafter config needs. SpecForge/SGLang read "output of block k" ids;
-        vLLM/speculators read vLLM ids as they are."""
-        if flavour == "specforge":
-            if None in self.sglang_layer_ids:
-                raise SelectionError("layer id 0 (embeddings) cannot be written in the SpecForge/SGLang convention")
-            return {"eagle_config": {"eagle_aux_hidden_state_layer_ids": self.sglang_layer_ids,
-                                     "use_aux_hidden_state": True}}
-        if flavour in ("vllm", "speculators"):
-            return {"eagle_aux_hidden_state_layer_ids": self.layer_ids}
-        raise SelectionError(f"eagle config flavour {flavour!r} is not one of specforge, vllm, speculators")
+        """The snippet a drafter config for consumer ``flavour`` (a :data:`wavesurf.consumers.FORMATS`
+        name) needs to read these layers, by that consumer's own id rule."""
+        from .consumers import config_snippet
+
+        if self.n_layers is None:
+            raise SelectionError("this selection does not record its target's number of layers; select again")
+        return config_snippet(flavour, self.layer_ids, self.n_layers)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -157,7 +155,8 @@ def _finish(ctx: _Context, ids: Sequence[int], method: str, reason: str, extra: 
     if "aggregate_entropy1_nats" not in scores and agg1 is not None and small:
         scores["aggregate_entropy1_nats"] = round(float(agg1(ids, alpha=1.0)), 4)
     return Selection(ids, [i - 1 if i > 0 else None for i in ids], method, ctx.k, scores, reason,
-                     stats_key=getattr(ctx.stats, "key", None), alternatives=alternatives or [])
+                     stats_key=getattr(ctx.stats, "key", None), alternatives=alternatives or [],
+                     n_layers=ctx.n_layers)
 
 
 # ---------------------------------------------------------------------------------------------

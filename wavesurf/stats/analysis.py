@@ -252,10 +252,16 @@ class _Accumulator:
             for minibatch in self.shuffler.add({lid: r for lid, r in zip(self.layer_ids, rows)}):
                 self.mb.update(minibatch)
 
-    def result(self) -> SubsetStats:
+    def finish(self) -> None:
+        """Flush the last minibatches and sum the accumulators over all processes (if several)."""
         if self.mb is not None:
             for minibatch in self.shuffler.flush():
                 self.mb.update(minibatch)
+            self.mb.all_reduce_()
+        self.moments.all_reduce_()
+
+    def result(self) -> SubsetStats:
+        if self.mb is not None:
             if self.mb.n_batches == 0:
                 raise FilterError(f"{self.name}: too few tokens ({self.moments.n}) for one CKA minibatch of "
                                   f"{self.shuffler.batch_size}; lower minibatch_size or raise max_tokens")
@@ -290,6 +296,7 @@ def analyze(
     *,
     use_cache: bool = True,
     progress: bool = True,
+    shard: Any = None,
     **overrides: Any,
 ) -> LayerStats:
     """Statistics of every layer of ``target`` (a loaded :class:`~wavesurf.models.Target`).
@@ -297,7 +304,11 @@ def analyze(
     ``settings`` (or keyword overrides of :class:`AnalysisSettings`) fix corpus, token budget,
     roles, filter and estimator. A cached result for the same parameters is returned as is;
     nothing is written until the run completes, so an interrupted run leaves no entry behind.
+    ``shard`` (:class:`wavesurf.distributed.Shard`, from ``init_from_env``): this process's share
+    of a run split over several processes; every process gets the summed result and the first
+    one writes the cache.
     """
+    from ..distributed import Shard, barrier
     from ..capture import capture
     from ..data import load_corpus
 
@@ -309,12 +320,16 @@ def analyze(
         return load_stats(out)
     t0 = time.perf_counter()
     corpus = load_corpus(settings.dataset, split=settings.split, seed=settings.split_seed)
+    shard = shard if shard is not None else Shard()
     batches = capture(target, corpus, settings.max_tokens, max_len=settings.max_len,
-                      batch_tokens=settings.batch_tokens, progress=progress)
-    stats = analyze_batches(batches, target.n_layers, target.hidden_size, settings, key=key, params=params)
+                      batch_tokens=settings.batch_tokens, progress=progress, shard=shard)
+    stats = analyze_batches(batches, target.n_layers, target.hidden_size, settings, key=key, params=params,
+                            shard=shard)
     stats.meta["seconds"] = round(time.perf_counter() - t0, 1)
     if use_cache:
-        save_stats(stats, out)
+        if shard.is_main:
+            save_stats(stats, out)
+        barrier()  # the others return once the entry exists
         stats.path = out
     return stats
 
@@ -327,9 +342,15 @@ def analyze_batches(
     *,
     key: str = "",
     params: dict[str, Any] | None = None,
+    shard: Any = None,
 ) -> LayerStats:
     """The statistics of :func:`analyze` from any iterable of :class:`~wavesurf.capture.CaptureBatch`
-    carrying every layer id 0..``n_layers`` (one pass; nothing cached)."""
+    carrying every layer id 0..``n_layers`` (one pass; nothing cached). With a ``shard``, only the
+    batches it owns are accumulated (the others are pilot batches of a quantile filter) and the
+    accumulators are summed over all processes at the end."""
+    from ..distributed import Shard, all_reduce_ints
+
+    shard = shard if shard is not None else Shard()
     settings = settings or AnalysisSettings()
     settings.check()
     fspec = TokenFilter.parse(settings.filter, settings.pilot_tokens)
@@ -345,6 +366,8 @@ def analyze_batches(
     if fspec.active:
         subsets.append(_Accumulator("random", layer_ids, d, exact, settings, merge_meta))
     fstate = FilterState(fspec, seed=settings.seed)
+    if fspec.kind == "quantile":
+        shard.pilot_done = False  # every process runs the pilot batches until the threshold is fixed
 
     def candidates(batch):
         mask = batch.stat_mask(settings.roles)
@@ -353,6 +376,8 @@ def analyze_batches(
         return mask
 
     def consume(batch):
+        if not shard.owns(batch.index):
+            return
         kept, control = fstate.masks(candidates(batch), batch.token_entropy, batch.index)
         subsets[0].update(batch.hidden, kept)
         if control is not None:
@@ -367,6 +392,7 @@ def analyze_batches(
             if pilot_count < settings.pilot_tokens:
                 continue
             _fix_threshold(fstate, pilot, candidates)
+            shard.pilot_done = True
             for b in pilot:
                 consume(b)
             pilot = []
@@ -374,8 +400,13 @@ def analyze_batches(
         consume(batch)
     if pilot:
         _fix_threshold(fstate, pilot, candidates)
+        shard.pilot_done = True
         for b in pilot:
             consume(b)
+    for sub in subsets:
+        sub.finish()
+    if shard.active:
+        fstate.candidates, fstate.kept = all_reduce_ints(fstate.candidates, fstate.kept)
     kept = subsets[0].moments.n
     if kept < min_tokens:
         raise FilterError(
@@ -386,7 +417,7 @@ def analyze_batches(
     results = [s.result() for s in subsets]
     meta = {**(params or {"n_layers": n_layers, "hidden_size": hidden_size, "model": "?", **asdict(settings)}),
             "key": key, "layer_convention": "vllm (0 = embeddings, N = last block before the final norm)",
-            "estimator_used": estimator, "filter": fstate.summary(),
+            "estimator_used": estimator, "filter": fstate.summary(), "processes": shard.world,
             "tokens": {s.name: s.n_tokens for s in results}}
     if len(results) > 1:  # stability check: do filtered and random tokens give the same compartments?
         meta["compartment_agreement_with_control"] = round(

@@ -231,6 +231,20 @@ class MinibatchCKA:
     def __iadd__(self, other: "MinibatchCKA") -> "MinibatchCKA":
         return self.merge(other)
 
+    @torch.no_grad()
+    def all_reduce_(self) -> "MinibatchCKA":
+        """Sum the HSIC of every process's minibatches over the default ``torch.distributed`` group
+        (in place; a no-op for one process). Each process draws its own minibatches, so the result
+        is an equally valid estimate, not the single-process one."""
+        from ..distributed import all_reduce_into_, all_reduce_sum, collective_device, world
+
+        if world()[1] == 1:
+            return self
+        all_reduce_into_(self._hsic)
+        t = all_reduce_sum(torch.tensor([self._n, self._batches], dtype=torch.int64, device=collective_device()))
+        self._n, self._batches = (int(v) for v in t.tolist())
+        return self
+
     def state_dict(self) -> dict[str, np.ndarray]:
         """State as numpy arrays (``np.savez(path, **sd)`` works)."""
         return {

@@ -298,6 +298,48 @@ class LayerMoments:
     def __iadd__(self, other: "LayerMoments") -> "LayerMoments":
         return self.merge(other)
 
+    @torch.no_grad()
+    def all_reduce_(self) -> "LayerMoments":
+        """Sum this accumulator over the processes of the default ``torch.distributed`` group, in
+        place (every process ends with the total; a no-op for one process). Exact, like
+        :meth:`merge`: each process re-expresses its sums relative to the shift of the first
+        process that has data, then the sums are added (see :mod:`wavesurf.distributed`)."""
+        from ..distributed import all_reduce_into_, all_reduce_sum, broadcast_, collective_device, world
+
+        rank, size = world()
+        if size == 1:
+            return self
+        dev = collective_device()
+        counts = torch.zeros(size, dtype=torch.int64, device=dev)
+        counts[rank] = self._n
+        all_reduce_sum(counts)
+        has_data = [r for r in range(size) if int(counts[r]) > 0]
+        L, d = len(self.layer_ids), self.dim
+        if has_data:
+            src = has_data[0]
+            shift = (self._shift if rank == src else torch.zeros(L * d, dtype=torch.float64)).to(dev)
+            broadcast_(shift, src)
+            common = shift.to(self.device)
+            if self._n > 0:
+                delta = self._shift - common
+                if self.pairs:
+                    self._outer.addr_(self._sum, delta)
+                    self._outer.addr_(delta, self._sum)
+                    self._outer.addr_(delta, delta, alpha=float(self._n))
+                else:
+                    sv, dv = self._sum.view(L, d), delta.view(L, d)
+                    self._outer.add_(sv[:, :, None] * dv[:, None, :])
+                    self._outer.add_(dv[:, :, None] * sv[:, None, :])
+                    self._outer.add_(dv[:, :, None] * dv[:, None, :], alpha=float(self._n))
+                self._sum.add_(self._n * delta)
+            self._shift = common
+            all_reduce_into_(self._sum)
+            all_reduce_into_(self._outer)
+        n, batches = (int(v) for v in all_reduce_sum(torch.tensor([self._n, self._batches], dtype=torch.int64,
+                                                                    device=dev)).tolist())
+        self._n, self._batches = n, batches
+        return self
+
     # ------------------------------------------------------------------ results
     def _check_n(self, ddof: int) -> None:
         if self._n - ddof <= 0:
