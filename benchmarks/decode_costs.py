@@ -44,7 +44,7 @@ def main() -> None:
     args = ap.parse_args()
     configure_torch()
     target = load_target(args.model, device="cpu")
-    model, n = target.model, target.n_layers
+    model = target.model
     ctx = torch.randint(100, 5000, (args.context,))
     res: dict = {"model": target.name, "threads": torch.get_num_threads(), "context": args.context}
 

@@ -18,10 +18,8 @@ import json
 import os
 import sys
 import time
-from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def main() -> None:
@@ -61,7 +59,7 @@ def main() -> None:
                 if args.drafter == "untrained":
                     head = untrained_head(target)
                 elif args.drafter == "oracle":
-                    from tests.drafter.test_decode import OracleHead
+                    from wavesurf.drafter.oracle import OracleHead
 
                     head = OracleHead(target, list(map(int, ids)) + ref, miss_every=3)
                 else:

@@ -15,11 +15,8 @@ import argparse
 import json
 import os
 import statistics
-import sys
-from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def main() -> None:

@@ -10,18 +10,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
-from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 SHAPES = {"chain2": ("chain", 2, 0, 0, 0), "chain4": ("chain", 4, 0, 0, 0), "chain6": ("chain", 6, 0, 0, 0),
           "tree4x2x8": ("tree", 0, 4, 2, 8), "tree6x3x16": ("tree", 0, 6, 3, 16)}
 
 
 def main() -> None:
-    from tests.drafter.test_decode import OracleHead
+    from wavesurf.drafter.oracle import OracleHead
     from wavesurf.bench import bench_prompts, prompt_ids
     from wavesurf.drafter.decode import hf_generate, speculative_generate
     from wavesurf.models import configure_torch, load_target

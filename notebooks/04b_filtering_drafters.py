@@ -42,7 +42,7 @@ plots.use_style()
 
 # %% tags=["hide-output"]
 target = ws.load_target(P.model, device=P.device)
-sets, settings, table = paper.speed_table(target, P)
+sets, settings, table = paper.profile_speed_table(target, P)
 filter_name = P.profile_dict["analysis"]["selection_filter"]
 
 # %%

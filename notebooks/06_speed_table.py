@@ -56,7 +56,7 @@ target = ws.load_target(P.model, device=P.device)
 print(f"{target.name}: N = {target.n_layers}, default EAGLE-3 layers (vLLM ids) {target.default_layer_ids()}")
 
 # %% tags=["hide-output"]
-sets, settings, table = paper.speed_table(target, P)
+sets, settings, table = paper.profile_speed_table(target, P)
 paper.write_csv(table.rows, "tables/06_speed_table.csv")
 paper.write_csv(table.summary, "tables/06_speed_table_summary.csv")
 paper.write_csv(table.timed, "tables/06_timed.csv")

@@ -90,3 +90,19 @@ def test_analyze_and_select_use_the_cache(small_stats, capsys):
 def test_analysis_errors_exit_2(capsys, argv, message):
     assert main(argv + SMALL_ARGS) == 2
     assert message in capsys.readouterr().err
+
+
+def test_import_and_help_do_not_load_torch_and_submodules_resolve():
+    """``import wavesurf`` and ``wavesurf --help`` stay light; ``ws.models`` / ``ws.stats.analysis``
+    still resolve as attributes (notebooks use them), and an unknown name is an AttributeError."""
+    import subprocess
+    import sys
+
+    code = ("import sys, wavesurf as ws; assert 'torch' not in sys.modules; "
+            "from wavesurf.cli import build_parser; build_parser(); assert 'torch' not in sys.modules; "
+            "assert callable(ws.models.configure_torch); assert ws.stats.analysis.analyze is ws.analyze; "
+            "assert callable(ws.stats.compartments)\n"
+            "try:\n    ws.no_such_name\nexcept AttributeError as e:\n    assert 'no_such_name' in str(e)\n"
+            "else:\n    raise SystemExit('no AttributeError')")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr

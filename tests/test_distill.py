@@ -203,7 +203,7 @@ def test_feature_store_from_generated_corpus(smollm, distilled, gen_cache):
 
 def test_other_models_corpus_refused(smollm, distilled, gen_cache):
     from wavesurf.cache import read_manifest
-    from wavesurf.drafter.features import FeatureSettings, build_feature_store
+    from wavesurf.drafter.features import build_feature_store
 
     src = distilled.info["path"]
     fake = gen_cache / "corpora" / "gemma3-270m-fake"

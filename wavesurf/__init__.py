@@ -1,32 +1,37 @@
 """wavesurf: which target layers an EAGLE-3 drafter should read, chosen by matrix entropy and CKA
 of the hidden states, with token-entropy filtering. Companion of *Surfing the Activation Wave*.
+
+The public names below are imported on first use, so ``wavesurf --help`` and ``import wavesurf``
+do not load torch.
 """
 from __future__ import annotations
 
-__version__ = "0.1.0"
+from typing import Any
 
-from .assets import DEFAULT_MODEL, EMBEDDED_MODELS
-from .capture import CaptureBatch, capture, collect_states, run_capture, write_capture
-from .data import Corpus, Example, encode, load_corpus, split_of
-from .errors import (
-    BudgetError,
-    DatasetError,
-    LayerIdError,
-    MissingAssetError,
-    ModelNotAvailableError,
-    UnknownModelError,
-    WavesurfError,
-)
-from .models import Target, default_layer_ids, load_target
-from .select import METHODS, Selection, select_layers
-from .stats.analysis import AnalysisSettings, LayerStats, analyze, load_stats
+from ._lazy import lazy_getattr
+from ._version import __version__
 
-__all__ = [
-    "__version__", "DEFAULT_MODEL", "EMBEDDED_MODELS",
-    "Target", "load_target", "default_layer_ids",
-    "Corpus", "Example", "load_corpus", "encode", "split_of",
-    "CaptureBatch", "capture", "collect_states", "run_capture", "write_capture",
-    "WavesurfError", "UnknownModelError", "ModelNotAvailableError", "MissingAssetError",
-    "DatasetError", "BudgetError", "LayerIdError",
-    "AnalysisSettings", "LayerStats", "analyze", "load_stats", "METHODS", "Selection", "select_layers",
-]
+#: public name -> the module that defines it
+_PUBLIC = {
+    "DEFAULT_MODEL": "assets", "EMBEDDED_MODELS": "assets",
+    "Target": "models", "load_target": "models", "default_layer_ids": "models",
+    "Corpus": "data", "Example": "data", "load_corpus": "data", "encode": "data", "split_of": "data",
+    "CaptureBatch": "capture", "capture": "capture", "collect_states": "capture", "run_capture": "capture",
+    "write_capture": "capture",
+    "WavesurfError": "errors", "UnknownModelError": "errors", "ModelNotAvailableError": "errors",
+    "MissingAssetError": "errors", "DatasetError": "errors", "BudgetError": "errors", "LayerIdError": "errors",
+    "AnalysisSettings": "stats.analysis", "LayerStats": "stats.analysis", "analyze": "stats.analysis",
+    "load_stats": "stats.analysis",
+    "METHODS": "select", "Selection": "select", "select_layers": "select",
+}
+
+
+def __getattr__(name: str) -> Any:
+    return lazy_getattr(__name__, _PUBLIC, globals(), name)
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_PUBLIC))
+
+
+__all__ = ["__version__", *_PUBLIC]

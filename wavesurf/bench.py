@@ -4,7 +4,7 @@ Per prompt the methods run interleaved (the order rotates from prompt to prompt,
 the machine cancels): HF ``generate`` greedy (the reference), our plain KV-cached loop, HF
 prompt-lookup decoding, and speculative decoding with the drafter. Warm-up runs are excluded.
 
-Definitions (``shared/reference/eagle3.md`` 3.3): ``tau`` = tokens committed after the prefill /
+Definitions (as SGLang and SpecForge benchmarks count ``accept_length``; the book's Methods page): ``tau`` = tokens committed after the prefill /
 target forwards after the prefill (the target's bonus token counts; a prompt's first token and
 its prefill forward do not). ``speedup`` of a method = mean over prompts of its tokens/s / mean
 over prompts of HF greedy's tokens/s. At T=0 every method's output is compared with HF greedy
@@ -30,17 +30,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ._version import __version__
 from .cache import atomic_directory, cache_root, params_key, read_manifest, write_manifest
-from .errors import DatasetError, WavesurfError
+from .errors import BenchError, DatasetError, is_int
 
 BENCH_DATASETS = ("mt-bench", "humaneval", "sharegpt")
 METHODS = ("hf_generate", "plain", "hf_prompt_lookup", "eagle3")
 ROW_FIELDS = ("prompt_id", "dataset", "method", "turns", "prompt_tokens", "new_tokens", "target_forwards",
               "tau", "mean_accepted", "tie_rechecks", "seconds", "tokens_per_second", "lossless")
 
-
-class BenchError(WavesurfError, ValueError):
-    """Bad benchmark settings."""
 
 
 @dataclass
@@ -180,8 +178,7 @@ def run_bench(
     import torch
     from tqdm.auto import tqdm
 
-    from . import __version__
-    from .drafter.decode import DEFAULT_TIE_EPS, SpeculativeDecoder, _check_run, make_tree
+    from .drafter.decode import DEFAULT_TIE_EPS, SpeculativeDecoder, check_decode_settings, make_tree
 
     methods = list(methods)
     bad = [m for m in methods if m not in METHODS]
@@ -189,10 +186,10 @@ def run_bench(
         raise BenchError(f"methods {bad or methods} not allowed; choose from {', '.join(METHODS)}")
     if "hf_generate" not in methods:
         methods.insert(0, "hf_generate")  # the reference of speedup and losslessness
-    _check_run(max_new_tokens, temperature)
+    check_decode_settings(max_new_tokens, temperature)
     if dataset not in BENCH_DATASETS:
         raise BenchError(f"dataset={dataset!r} is not one of {', '.join(BENCH_DATASETS)}")
-    if not isinstance(n_prompts, int) or isinstance(n_prompts, bool) or n_prompts < 1:
+    if not is_int(n_prompts, 1):
         raise BenchError(f"n_prompts={n_prompts!r} must be a positive integer")
     tree = make_tree(mode, draft_len=draft_len, depth=depth, top_k=top_k, total_tokens=total_tokens)
     decoder = SpeculativeDecoder(target, head, tree) if "eagle3" in methods else None

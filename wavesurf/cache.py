@@ -29,6 +29,18 @@ def cache_root() -> Path:
     return Path(platformdirs.user_cache_dir("wavesurf"))
 
 
+def safe_name(name: str) -> str:
+    """``name`` with every character other than letters, digits, ``-``, ``_`` and ``.`` made ``_``
+    (a model name or HF id as part of a directory name)."""
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+
+
+def entry_dir(kind: str, model_name: str, key: str) -> Path:
+    """The cache directory of one keyed entry: ``<cache>/<kind>/<model>-<key>`` (``kind`` such as
+    ``results/analyze`` or ``drafter/features``)."""
+    return cache_root() / kind / f"{safe_name(model_name)}-{key}"
+
+
 def file_sha256(path: Path, block: int = 1 << 22) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as fh:

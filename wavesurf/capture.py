@@ -16,9 +16,11 @@ from typing import Any
 
 import numpy as np
 
+from ._version import __version__
 from .cache import atomic_directory, write_manifest
 from .data import ROLE_ASSISTANT, Corpus, Encoded, check_corpus_target, encode_budget, make_batches
-from .models import Target
+from .models import Target, block_output_ids
+from .taps import ResidualTaps, decoder_blocks
 
 ROLE_FILTERS = ("all", "assistant")
 
@@ -60,38 +62,6 @@ class CaptureBatch:
             return self.hidden[layer_id]
         except KeyError:
             raise KeyError(f"layer {layer_id} was not captured; captured ids: {sorted(self.hidden)}") from None
-
-
-def _decoder(model: Any) -> Any:
-    base = model.get_decoder() if hasattr(model, "get_decoder") else model.model
-    if not hasattr(base, "layers"):
-        raise TypeError(f"{type(model).__name__}: cannot find the decoder blocks (expected `.layers`)")
-    return base
-
-
-class _Hooks:
-    """Forward hooks that keep references to the embedding output and each block's output."""
-
-    def __init__(self, model: Any, layer_ids: Sequence[int]):
-        base = _decoder(model)
-        self.states: dict[int, Any] = {}
-        self.handles = []
-        wanted = set(layer_ids)
-        if 0 in wanted:
-            self.handles.append(base.get_input_embeddings().register_forward_hook(self._store(0)))
-        for i, block in enumerate(base.layers, start=1):
-            if i in wanted:
-                self.handles.append(block.register_forward_hook(self._store(i)))
-
-    def _store(self, layer_id: int):
-        def hook(_module, _inputs, output):
-            self.states[layer_id] = output[0] if isinstance(output, tuple) else output
-
-        return hook
-
-    def remove(self) -> None:
-        for h in self.handles:
-            h.remove()
 
 
 def token_entropy_from_hidden(model: Any, last_hidden: Any, chunk_rows: int = 1024) -> Any:
@@ -189,8 +159,8 @@ def capture(
         encoded = list(corpus)
     batches = make_batches(encoded, batch_tokens)
     model, pad_id = target.model, _pad_id(target)
-    base = _decoder(model)
-    hooks = _Hooks(model, ids)
+    base = decoder_blocks(model)
+    hooks = ResidualTaps(model, ids)
     mine = [b for i, b in enumerate(batches) if shard is None or shard.owns(i)]
     desc = f"capture {target.name}" + (f" [{shard.rank + 1}/{shard.world}]" if shard is not None and shard.active else "")
     bar = tqdm(total=sum(len(e) for b in mine for e in b), unit="tok", unit_scale=True, disable=not progress,
@@ -321,7 +291,6 @@ def run_capture(
 ) -> dict[str, Any]:
     """Capture a corpus and return a JSON-able summary; with ``out_dir``, write ``layer_ids``
     (default: the EAGLE-3 rule ``[2, N//2, N-3]``) to disk."""
-    from . import __version__
     from .data import load_corpus
     from .models import load_target
 
@@ -343,7 +312,7 @@ def run_capture(
     }
     if out_dir is not None:
         info = {**summary, "convention": "vllm (0 = embeddings, N = last block before the final norm)",
-                "sglang_layer_ids": [i - 1 for i in write_ids], "split_seed": split_seed,
+                "sglang_layer_ids": block_output_ids(write_ids), "split_seed": split_seed,
                 "wavesurf": __version__}
         write_capture(batches, Path(out_dir), write_ids, info, dtype=dtype, overwrite=overwrite)
     else:

@@ -7,6 +7,7 @@ import os
 import sys
 from typing import Any
 
+from ._version import __version__
 from .assets import CORPUS_ASSETS, DEFAULT_MODEL, EMBEDDED_MODELS
 
 
@@ -285,14 +286,14 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     from .bench import METHODS, run_bench, untrained_head
-    from .drafter.decode import _check_run, make_tree
+    from .drafter.decode import check_decode_settings, make_tree
 
     methods = [m for m in args.methods.split(",") if m]
     bad = [m for m in methods if m not in METHODS]
     if bad:
         raise ValueError(f"--methods {bad} not allowed; choose from {', '.join(METHODS)}")
     make_tree(args.mode, draft_len=args.draft_len, depth=args.depth, top_k=args.top_k, total_tokens=args.total_tokens)
-    _check_run(args.max_new_tokens, args.temperature)  # bad options fail before the model loads
+    check_decode_settings(args.max_new_tokens, args.temperature)  # bad options fail before the model loads
     target = _load_target(args)
     drafter_id = None
     if args.drafter == "untrained":
@@ -579,7 +580,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _version() -> str:
-    from . import __version__
 
     return __version__
 

@@ -8,11 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from .errors import WavesurfError
+from .errors import ConsumerError
+from .models import block_output_ids
 
-
-class ConsumerError(WavesurfError, ValueError):
-    """A format that does not exist, or layer ids its consumer cannot read."""
 
 
 FORMATS = ("vllm", "sglang", "sglang-legacy", "specforge", "speculators")
@@ -58,10 +56,10 @@ def written_layer_ids(fmt: str, layer_ids: list[int], n_layers: int) -> list[int
     if fmt in ("vllm", "speculators"):
         return ids
     if fmt in ("sglang-legacy", "specforge"):
-        return [i - 1 for i in ids]
+        return block_output_ids(ids)  # ids >= 1 here
     # fmt == "sglang" (PR #25454 on): a first id of 1 is shifted by +1, anything else is read as vLLM ids.
     if ids[0] == 2:
-        return [i - 1 for i in ids]  # [1, ...]: read as +1 by old and new SGLang alike
+        return block_output_ids(ids)  # [1, ...]: read as +1 by old and new SGLang alike
     if ids[0] == 1:
         raise ConsumerError(
             "SGLang (PR #25454 on) shifts ids by +1 exactly when the first id is 1, so a set starting at vLLM "

@@ -34,12 +34,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .cache import describe_differences, params_key, read_manifest, write_manifest
+from ._version import __version__
+from .cache import describe_differences, entry_dir, params_key, read_manifest, write_manifest
 from .data import (
     GENERATED_KIND, SPLITS, Corpus, DatasetError, Example, generated_root, load_corpus, parse_generated_name,
     read_generated,
 )
-from .errors import BudgetError, WavesurfError
+from .errors import BudgetError, DistillError, is_int
 
 DISTILL_FORMAT = 1
 DEFAULT_MAX_TOKENS = 100_000
@@ -53,19 +54,16 @@ TIE_EPS = 1e-3
 BUILD_FILE = "build.json"
 
 
-class DistillError(WavesurfError, ValueError):
-    """Bad generation settings (temperature, token budgets, batch size)."""
-
 
 def _check_int(name: str, value: Any, minimum: int = 1) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+    if not is_int(value, minimum):
         raise DistillError(f"{name}={value!r} must be an integer >= {minimum}")
 
 
 def check_settings(max_tokens: Any, max_len: Any, max_new_tokens: Any, temperature: Any, seed: Any,
                    batch_size: Any, chunk_examples: Any) -> None:
     """Every setting checked before any corpus or model work."""
-    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens <= 0:
+    if not is_int(max_tokens, 1):
         raise BudgetError(f"max_tokens={max_tokens!r} must be a positive integer (answer tokens wanted)")
     _check_int("max_new_tokens", max_new_tokens)
     _check_int("max_len", max_len, 2)
@@ -257,7 +255,6 @@ def _distill_chunk(target: Any, examples: list[Example], *, max_len: int, max_ne
 # ---------------------------------------------------------------------------------------------
 def distill_params(target: Any, dataset: str, split: str | None, split_seed: int, max_tokens: int,
                    max_len: int, max_new_tokens: int, temperature: float, seed: int) -> dict[str, Any]:
-    from . import __version__
 
     return {"format": DISTILL_FORMAT, "wavesurf": __version__, "model": target.name, "source": target.source,
             "chat_template": target.has_chat_template, "dataset": dataset, "split": split, "split_seed": split_seed,
@@ -266,8 +263,7 @@ def distill_params(target: Any, dataset: str, split: str | None, split_seed: int
 
 
 def corpus_dir(model_name: str, key: str) -> Path:
-    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in model_name)
-    return generated_root() / f"{safe}-{key}"
+    return entry_dir("corpora", model_name, key)  # = data.generated_root() / ...
 
 
 def _chunk_name(i: int) -> str:

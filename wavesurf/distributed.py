@@ -13,11 +13,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from .errors import WavesurfError
+from .errors import DistributedError
 
-
-class DistributedError(WavesurfError, RuntimeError):
-    """A process group that cannot be set up as the environment describes."""
 
 
 @dataclass

@@ -1,4 +1,6 @@
-"""Exceptions wavesurf raises for bad input; every message names the bad value and what is allowed."""
+"""Every exception wavesurf raises, in one place; every message names the bad value and what is
+allowed. Modules re-export the ones they raise (``wavesurf.drafter.head.DrafterError`` is this
+module's ``DrafterError``), so either import path works."""
 
 
 class WavesurfError(Exception):
@@ -31,3 +33,61 @@ class LayerIdError(WavesurfError, ValueError):
 
 class StatsError(WavesurfError, ValueError):
     """Bad input to the statistics core (non-finite values, bad alpha, mismatched accumulators)."""
+
+
+class ConsumerError(WavesurfError, ValueError):
+    """A format that does not exist, or layer ids its consumer cannot read."""
+
+
+class FilterError(WavesurfError, ValueError):
+    """A filter spec that cannot be parsed, or a filter that keeps too few tokens."""
+
+
+class DrafterError(WavesurfError):
+    """A drafter that does not fit its target, or bad drafter settings."""
+
+
+class DecodeError(DrafterError, ValueError):
+    """Bad decoding settings (tree shape, temperature, token budget) or input."""
+
+
+class AcceptanceError(DrafterError, ValueError):
+    """An acceptance evaluation that does not fit: another target, missing layers, bad settings."""
+
+
+class BenchError(WavesurfError, ValueError):
+    """Bad benchmark settings."""
+
+
+class ProfileError(WavesurfError, ValueError):
+    """An unknown profile name."""
+
+
+class SelectionError(WavesurfError, ValueError):
+    """A bad k, method name or candidate set."""
+
+
+class ReproduceError(WavesurfError):
+    """A bad --only / profile, or a notebook that failed (names the notebook and cell)."""
+
+
+class ParameterError(WavesurfError, ValueError):
+    """A notebook parameter of the wrong type or value."""
+
+
+class DistributedError(WavesurfError, RuntimeError):
+    """A process group that cannot be set up as the environment describes."""
+
+
+class DistillError(WavesurfError, ValueError):
+    """Bad generation settings (temperature, token budgets, batch size)."""
+
+
+def is_int(value: object, minimum: int | None = None, maximum: int | None = None) -> bool:
+    """Whether ``value`` is an integer (Python or numpy, never a bool) within [minimum, maximum].
+    The one check behind every "must be an integer >= ..." refusal; the message stays with the caller."""
+    import numbers
+
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        return False
+    return (minimum is None or value >= minimum) and (maximum is None or value <= maximum)

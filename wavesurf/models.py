@@ -116,7 +116,13 @@ def to_sglang(layer_ids: Sequence[int], n_layers: int) -> list[int]:
     ids = check_layer_ids(layer_ids, n_layers)
     if 0 in ids:
         raise LayerIdError("layer id 0 (the embedding output) has no SGLang/SpecForge 'output of block k' id")
-    return [i - 1 for i in ids]
+    return block_output_ids(ids)
+
+
+def block_output_ids(layer_ids: Sequence[int]) -> list[int | None]:
+    """vLLM ids -> SpecForge/SGLang "output of block k" ids (k = id - 1), None for id 0 (the
+    embedding output has no such name). The one place the shift is written."""
+    return [int(i) - 1 if int(i) > 0 else None for i in layer_ids]
 
 
 def from_sglang(block_ids: Sequence[int], n_layers: int) -> list[int]:

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from .cache import write_rows_csv
-from .errors import WavesurfError
+from .errors import ParameterError, WavesurfError, is_int
 from .profiles import get_profile
 
 #: Keep captured batches in memory to feed several analyses from one forward pass when their
@@ -23,9 +23,6 @@ from .profiles import get_profile
 SHARED_CAPTURE_MAX_BYTES = 6 * 2**30
 DEVICES_HELP = "'auto', 'cpu', 'cuda' or 'cuda:N'"
 
-
-class ParameterError(WavesurfError, ValueError):
-    """A notebook parameter of the wrong type or value."""
 
 
 @dataclass(frozen=True)
@@ -55,10 +52,10 @@ def check_parameters(model: Any, dataset: Any, max_tokens: Any, profile: Any, se
         raise bad("model", model, "a non-empty string (embedded name, local directory or HF id)")
     if not isinstance(dataset, str) or not (dataset in CORPUS_ASSETS or dataset.endswith(".jsonl")):
         raise bad("dataset", dataset, f"one of {', '.join(CORPUS_ASSETS)} or a path ending in .jsonl")
-    if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens <= 0):
+    if max_tokens is not None and not is_int(max_tokens, 1):
         raise bad("max_tokens", max_tokens, "None (the profile's budget) or a positive integer")
     get_profile(profile)  # raises with the list of profiles
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+    if not is_int(seed, 0):
         raise bad("seed", seed, "an integer >= 0")
     if not isinstance(device, str) or not (device in ("auto", "cpu", "cuda") or
                                            (device.startswith("cuda:") and device[5:].isdigit())):
@@ -362,7 +359,7 @@ def depth_curves(stats: Any) -> dict[str, np.ndarray]:
             "S1_norm": np.asarray(stats.entropy) / top, "S2_norm": np.asarray(stats.entropy2) / top}
 
 
-def speed_table(target: Any, params: NotebookParams, k: int = 3, progress: bool = True) -> tuple[list, Any, Any]:
+def profile_speed_table(target: Any, params: NotebookParams, k: int = 3, progress: bool = True) -> tuple[list, Any, Any]:
     """The speed-table experiment at the profile's drafter budgets: layer sets from the unfiltered
     and the filtered statistics (``base`` and ``selection`` variants), then one drafter per set and
     seed. Returns ``(sets, settings, table)``; every drafter and benchmark is cached."""

@@ -19,7 +19,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from .errors import WavesurfError
+from .errors import ProfileError
 
 PROFILES: dict[str, dict[str, Any]] = {
     "smoke": {
@@ -118,9 +118,6 @@ PROFILES: dict[str, dict[str, Any]] = {
 }
 PROFILES["long"]["analysis"] = copy.deepcopy(PROFILES["default"]["analysis"])
 
-
-class ProfileError(WavesurfError, ValueError):
-    """An unknown profile name."""
 
 
 def profile_names() -> list[str]:

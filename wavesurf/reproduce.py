@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .errors import WavesurfError
+from .errors import ReproduceError
 from .profiles import get_profile
 
 KERNEL_NAME = "wavesurf-python"
@@ -32,9 +32,6 @@ KERNEL_NAME = "wavesurf-python"
 SCOPE_ALL = {"07"}
 ACROSS_DIR = "across-models"
 
-
-class ReproduceError(WavesurfError):
-    """A bad --only / profile, or a notebook that failed (names the notebook and cell)."""
 
 
 @dataclass(frozen=True)
@@ -84,7 +81,9 @@ def select_notebooks(specs: Sequence[NotebookSpec], only: str | Sequence[str] | 
 
 
 def safe_name(model: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_." else "_" for c in model).strip("._") or "model"
+    from .cache import safe_name as _safe
+
+    return _safe(model).strip("._") or "model"
 
 
 # ---------------------------------------------------------------------------------------------

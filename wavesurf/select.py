@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from .errors import WavesurfError
-from .models import check_layer_ids, default_layer_ids
+from .errors import SelectionError, is_int
+from .models import block_output_ids, check_layer_ids, default_layer_ids
 from .stats.compartments import compartments
 from .stats.entropy import aggregate_entropy2_closed_form
 
@@ -31,9 +31,6 @@ SHORTLIST = 8
 #: size (k*d) it is left out of the scores (a 31-layer set of SmolLM2 would take minutes).
 AGG1_MAX_DIM = 4096
 
-
-class SelectionError(WavesurfError, ValueError):
-    """A bad k, method name or candidate set."""
 
 
 @dataclass
@@ -65,7 +62,7 @@ class Selection:
 # ---------------------------------------------------------------------------------------------
 def check_k(k: Any, n_layers: int) -> int:
     """k layers out of the N+1 layer ids 0..N."""
-    if not isinstance(k, int | np.integer) or isinstance(k, bool) or not 1 <= k <= n_layers + 1:
+    if not is_int(k, 1, n_layers + 1):
         raise SelectionError(f"k={k!r} is out of range: allowed are 1..{n_layers + 1} (N+1 layer ids for this model)")
     return int(k)
 
@@ -154,7 +151,7 @@ def _finish(ctx: _Context, ids: Sequence[int], method: str, reason: str, extra: 
     small = len(ids) * ctx.stats.main.cross.dim <= AGG1_MAX_DIM if getattr(ctx.stats, "has_cross_covariance", False) else False
     if "aggregate_entropy1_nats" not in scores and agg1 is not None and small:
         scores["aggregate_entropy1_nats"] = round(float(agg1(ids, alpha=1.0)), 4)
-    return Selection(ids, [i - 1 if i > 0 else None for i in ids], method, ctx.k, scores, reason,
+    return Selection(ids, block_output_ids(ids), method, ctx.k, scores, reason,
                      stats_key=getattr(ctx.stats, "key", None), alternatives=alternatives or [],
                      n_layers=ctx.n_layers)
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import WavesurfError
+from .errors import WavesurfError, is_int
 from .models import default_layer_ids, to_sglang
 from .select import check_k, select_layers
 
@@ -150,7 +150,7 @@ class SpeedTableSettings:
         if not self.seeds:
             raise WavesurfError("the speed table needs at least one training seed")
         d = self.acceptance.get("draft_len", 4)
-        if isinstance(d, bool) or not isinstance(d, int) or not 1 <= d <= self.acceptance.get("max_draft_len", 6):
+        if not is_int(d, 1, self.acceptance.get("max_draft_len", 6)):
             raise WavesurfError(f"acceptance draft_len={d!r} must be an integer in 1..max_draft_len")
         for f in self.curve_fractions:
             if not 0 < f < 1:

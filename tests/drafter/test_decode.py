@@ -1,10 +1,9 @@
 """Speculative decoding on the real targets: token-identical to HF greedy ``generate`` for chain
 and tree drafting, tau counted right, bad settings refused, the sampling rule exact in law.
 
-Two drafters: an untrained head (what losslessness must survive) and an *oracle* head, a real
-DraftHead whose step() runs normally (its keys/values fill the draft cache) but whose logits rank
-the reference continuation first (or second at chosen positions). The oracle makes long accepted
-paths, non-first siblings and non-contiguous cache rows happen, which an untrained head never does.
+Two drafters: an untrained head (what losslessness must survive) and the oracle head of
+:mod:`wavesurf.drafter.oracle`, which makes long accepted paths, non-first siblings and
+non-contiguous cache rows happen, which an untrained head never does.
 """
 from __future__ import annotations
 
@@ -15,7 +14,8 @@ from wavesurf.bench import BenchPrompt, bench_prompts, prompt_ids
 from wavesurf.drafter.decode import (
     DecodeError, SpeculativeDecoder, TreeSpec, _Tree, greedy_generate, hf_generate, make_tree, speculative_generate,
 )
-from wavesurf.drafter.head import DraftConfig, DraftHead, DrafterError, DraftStep, init_head
+from wavesurf.drafter.head import DraftConfig, DraftHead, DrafterError, init_head
+from wavesurf.drafter.oracle import OracleHead
 
 NEW = 32
 
@@ -25,35 +25,6 @@ def untrained(target, vocab=None):
     head = init_head(DraftHead(DraftConfig.for_target(target, [2, n // 2, n - 3], 8192)))
     head.set_vocab(torch.arange(8192) if vocab is None else vocab)
     return head.eval()
-
-
-class OracleHead(DraftHead):
-    """At rotary position p the draft predicts token p+2 of ``ref`` (prompt + reference output):
-    ranked first, or second behind a wrong token when ``p % miss_every == miss_every - 1``."""
-
-    def __init__(self, target, ref: list[int], miss_every: int = 0):
-        n = target.n_layers
-        extra = [i for i in range(20000) if i not in set(ref)]
-        vocab = sorted(set(ref) | set(extra[: 8192 - len(set(ref))]))
-        super().__init__(DraftConfig.for_target(target, [2, n // 2, n - 3], 8192))
-        init_head(self)
-        self.set_vocab(torch.tensor(vocab))
-        self.index = {t: i for i, t in enumerate(vocab)}
-        self.ref, self.miss_every = ref, miss_every
-        self.eval()
-
-    def step(self, hidden, embeds, positions, mask, past_k=None, past_v=None):
-        st = super().step(hidden, embeds, positions, mask, past_k, past_v)
-        logits = torch.full_like(st.logits, -30.0)
-        for i, p in enumerate(positions[0].tolist()):
-            logits[0, i, 100:104] = torch.tensor([1.0, 0.5, 0.0, -0.5])  # wrong candidates for the tree
-            if p + 2 < len(self.ref):
-                good = self.index[self.ref[p + 2]]
-                miss = self.miss_every and p % self.miss_every == self.miss_every - 1
-                if miss:
-                    logits[0, i, 100] = 6.0
-                logits[0, i, good] = 5.0 if miss else 6.0
-        return DraftStep(st.hidden, logits, st.k, st.v)
 
 
 @pytest.fixture(scope="module")

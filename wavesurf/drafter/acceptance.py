@@ -33,17 +33,16 @@ from typing import Any
 
 import numpy as np
 
-from ..cache import atomic_directory, cache_root, params_key, read_manifest, verify_directory, write_manifest
+from ..errors import AcceptanceError, is_int
+from .._version import __version__
+from ..cache import atomic_directory, cache_root, params_key, verify_directory, write_manifest
 from .features import FeatureStore
-from .head import DraftHead, DrafterError
+from .head import DraftHead
 
 ACCEPTANCE_FORMAT = 1
 #: draft lengths scored by default (chain decoding with 1..6 drafted tokens per cycle)
 DEFAULT_MAX_DRAFT_LEN = 6
 
-
-class AcceptanceError(DrafterError, ValueError):
-    """An acceptance evaluation that does not fit: another target, missing layers, bad settings."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -64,7 +63,7 @@ def walk_chain(hits: np.ndarray, length: int, draft_len: int) -> list[int]:
     prefill. ``hits[i, j]``: draft step j is right at root i (the cycle whose root is the
     continuation's (i+1)-th token). Mirrors :meth:`SpeculativeDecoder.generate`: a cycle commits its
     accepted drafts plus the target's bonus token, cut at the end of the continuation."""
-    if isinstance(draft_len, bool) or not isinstance(draft_len, (int, np.integer)) or draft_len < 1:
+    if not is_int(draft_len, 1):
         raise AcceptanceError(f"draft_len={draft_len!r} must be a positive integer")
     if draft_len > hits.shape[1]:
         raise AcceptanceError(f"draft_len={draft_len} is longer than the {hits.shape[1]} unrolled steps")
@@ -287,7 +286,6 @@ def _scan(store: FeatureStore, layer_ids: Sequence[int], batch_tokens: int, hits
 
 
 def _cached(kind: str, params: dict[str, Any], compute: Any, use_cache: bool) -> Acceptance:
-    from .. import __version__
 
     params = {"format": ACCEPTANCE_FORMAT, "wavesurf": __version__, "kind": kind, **params}
     where = cache_root() / "drafter" / "acceptance" / f"{kind}-{params_key(params)}"
@@ -307,7 +305,7 @@ def _cached(kind: str, params: dict[str, Any], compute: Any, use_cache: bool) ->
 
 
 def check_max_draft_len(max_draft_len: Any) -> int:
-    if isinstance(max_draft_len, bool) or not isinstance(max_draft_len, (int, np.integer)) or not 1 <= max_draft_len <= 32:
+    if not is_int(max_draft_len, 1, 32):
         raise AcceptanceError(f"max_draft_len={max_draft_len!r} must be an integer between 1 and 32")
     return int(max_draft_len)
 
@@ -449,7 +447,7 @@ def bootstrap_tau(runs: Sequence[Acceptance], draft_len: int, *, baseline: Seque
         raise AcceptanceError("bootstrap_tau needs at least one acceptance run")
     if not 0 < level < 1:
         raise AcceptanceError(f"level={level!r} must be in (0, 1)")
-    if isinstance(n_boot, bool) or not isinstance(n_boot, int) or n_boot < 100:
+    if not is_int(n_boot, 100):
         raise AcceptanceError(f"n_boot={n_boot!r} must be an integer >= 100")
     groups = [list(runs)] + ([list(baseline)] if baseline else [])
     ref = runs[0].sequence_ids

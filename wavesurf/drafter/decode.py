@@ -2,7 +2,7 @@
 
 One *cycle* = draft a tree (or chain) of candidate tokens with the head, verify all of them in ONE
 target forward with a tree attention mask, commit the accepted path plus the target's own next
-token (the "bonus" / correction token). See ``shared/reference/eagle3.md`` section 3.
+token (the "bonus" / correction token), as in SafeAILab/EAGLE ``eagle/model/ea_model.py``.
 
 Alignment (EAGLE-3): committed tokens x_0..x_m; the target's KV cache and its features f_t cover
 positions 0..m-1 and x_m (the *root*) is not yet processed. The draft at position t reads
@@ -51,15 +51,13 @@ from typing import Any
 
 import torch
 
-from ..capture import _Hooks
-from .head import DraftHead, DrafterError
+from ..errors import DecodeError, is_int
+from ..taps import ResidualTaps
+from .head import DraftHead
 
 #: top-2 logit gap (logit units) below which a T=0 decision is re-made with a one-token forward.
 DEFAULT_TIE_EPS = 1e-3
 
-
-class DecodeError(DrafterError, ValueError):
-    """Bad decoding settings (tree shape, temperature, token budget) or input."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -83,7 +81,7 @@ class TreeSpec:
 
     @classmethod
     def chain(cls, draft_len: int) -> TreeSpec:
-        if not isinstance(draft_len, int) or isinstance(draft_len, bool) or draft_len < 1:
+        if not is_int(draft_len, 1):
             raise DecodeError(f"draft_len={draft_len!r} must be an integer >= 1")
         return cls(draft_len, 1, draft_len)
 
@@ -104,7 +102,7 @@ class TreeSpec:
 def check_tree(depth: Any, top_k: Any, total_tokens: Any) -> None:
     """Refuse tree settings that cannot be built (the message says what is allowed)."""
     for name, v in (("depth", depth), ("top_k", top_k), ("total_tokens", total_tokens)):
-        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+        if not is_int(v, 1):
             raise DecodeError(f"{name}={v!r} must be an integer >= 1")
     if total_tokens < depth:
         raise DecodeError(
@@ -127,8 +125,9 @@ def make_tree(mode: str = "chain", *, draft_len: int = 4, depth: int = 5, top_k:
     raise DecodeError(f"mode={mode!r} is not one of 'chain', 'tree'")
 
 
-def _check_run(max_new_tokens: Any, temperature: Any) -> None:
-    if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
+def check_decode_settings(max_new_tokens: Any, temperature: Any) -> None:
+    """Refuse a bad generation length or temperature before any model work."""
+    if not is_int(max_new_tokens, 1):
         raise DecodeError(f"max_new_tokens={max_new_tokens!r} must be an integer >= 1")
     if not isinstance(temperature, (int, float)) or not temperature >= 0 or temperature == float("inf"):
         raise DecodeError(f"temperature={temperature!r} must be a finite number >= 0 (0 = greedy)")
@@ -236,7 +235,7 @@ class _TargetRunner:
         self.dict_mask = bool(types) and self.sliding > 0
         self.cache = DynamicCache()
         self.key_positions = torch.zeros(0, dtype=torch.long, device=target.device)
-        self.hooks = _Hooks(self.model, self.layer_ids) if self.layer_ids else None
+        self.hooks = ResidualTaps(self.model, self.layer_ids) if self.layer_ids else None
         self.forwards = 0
 
     def close(self) -> None:
@@ -311,7 +310,7 @@ def greedy_generate(target: Any, input_ids: Any, max_new_tokens: int, temperatur
     baseline that shows what generate's bookkeeping costs). T > 0 samples."""
     from transformers import DynamicCache
 
-    _check_run(max_new_tokens, temperature)
+    check_decode_settings(max_new_tokens, temperature)
     t0 = time.perf_counter()
     ids = _as_ids(input_ids, target.device)
     eos, model = eos_ids(target), target.model
@@ -348,7 +347,7 @@ def hf_generate(target: Any, input_ids: Any, max_new_tokens: int, temperature: f
                 prompt_lookup_num_tokens: int | None = None) -> DecodeResult:
     """HF ``model.generate`` (greedy at T=0), optionally prompt-lookup decoding; target forwards
     are counted with a hook."""
-    _check_run(max_new_tokens, temperature)
+    check_decode_settings(max_new_tokens, temperature)
     ids = _as_ids(input_ids, target.device)
     eos = eos_ids(target)
     model = target.model
@@ -537,7 +536,7 @@ class SpeculativeDecoder:
     @torch.inference_mode()
     def generate(self, input_ids: Any, max_new_tokens: int, temperature: float = 0.0, seed: int = 0) -> DecodeResult:
         """Generate up to ``max_new_tokens`` tokens after ``input_ids`` (1D ids, or [1, T])."""
-        _check_run(max_new_tokens, temperature)
+        check_decode_settings(max_new_tokens, temperature)
         t0 = time.perf_counter()
         ids = _as_ids(input_ids, self.target.device)
         dev = ids.device
@@ -622,6 +621,7 @@ def speculative_generate(target: Any, head: DraftHead, input_ids: Any, max_new_t
 
 
 __all__ = [
-    "DEFAULT_TIE_EPS", "DecodeError", "DecodeResult", "SpeculativeDecoder", "TreeSpec", "check_tree", "eos_ids",
+    "DEFAULT_TIE_EPS", "DecodeError", "DecodeResult", "SpeculativeDecoder", "TreeSpec", "check_decode_settings",
+    "check_tree", "eos_ids",
     "greedy_generate", "hf_generate", "make_tree", "speculative_generate",
 ]

@@ -35,6 +35,7 @@ from typing import Any
 
 from ..cache import atomic_directory
 from ..consumers import FORMATS, check_format, config_snippet, read_layer_ids, written_layer_ids
+from ..models import block_output_ids
 from .head import DraftConfig, DraftHead, DrafterError, load_head
 
 DTYPES = ("bfloat16", "float16", "float32")
@@ -156,7 +157,7 @@ def export_drafter(head: DraftHead | str | Path, fmt: str, out: str | Path, *, i
         emb = include_embedding.model.get_input_embeddings().weight.detach().cpu()
         sd["embed_tokens.weight"] = emb.to(torch_dtype).contiguous()
     meta = {"target": c.target_name, "config": c.to_dict(), "layer_ids_vllm": list(c.layer_ids),
-            "layer_ids_sglang": [i - 1 for i in c.layer_ids], "layer_ids_written": ids_written, "format": fmt,
+            "layer_ids_sglang": block_output_ids(c.layer_ids), "layer_ids_written": ids_written, "format": fmt,
             "dtype": dtype}
     if fmt == "speculators":
         config = {

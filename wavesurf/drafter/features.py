@@ -34,7 +34,9 @@ from typing import Any
 
 import numpy as np
 
-from ..cache import cache_root, describe_differences, params_key, read_manifest, verify_directory, write_manifest
+from ..errors import is_int
+from .._version import __version__
+from ..cache import describe_differences, entry_dir, params_key, read_manifest, verify_directory, write_manifest
 from ..data import ROLE_ASSISTANT, ROLE_TEMPLATE, make_batches
 from .head import DrafterError
 
@@ -65,7 +67,7 @@ class FeatureSettings:
             value = getattr(self, name)
             if value is None and name == "max_tokens":
                 continue
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            if not is_int(value, 1):
                 raise DrafterError(f"{name}={value!r} must be a positive integer" + (" or None (the whole corpus)"
                                                                                       if name == "max_tokens" else ""))
 
@@ -78,10 +80,10 @@ class TargetHead:
     def __init__(self, target: Any, vocab_ids: Any | None = None):
         import torch
 
-        from ..capture import _decoder
+        from ..taps import decoder_blocks
 
         model = target.model
-        self.norm = _decoder(model).norm
+        self.norm = decoder_blocks(model).norm
         head = model.get_output_embeddings()
         weight, bias = head.weight, head.bias
         if vocab_ids is not None:
@@ -118,8 +120,7 @@ class TargetHead:
 
 # ---------------------------------------------------------------------------------------------
 def store_dir(model_name: str, key: str) -> Path:
-    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in model_name)
-    return cache_root() / "drafter" / "features" / f"{safe}-{key}"
+    return entry_dir("drafter/features", model_name, key)
 
 
 def _shard_name(i: int) -> str:
@@ -127,7 +128,6 @@ def _shard_name(i: int) -> str:
 
 
 def store_params(target: Any, settings: FeatureSettings) -> dict[str, Any]:
-    from .. import __version__
     from ..data import generated_corpus_info
 
     ids = sorted(set(target.check_layer_ids(settings.layer_ids) if settings.layer_ids is not None
@@ -344,7 +344,7 @@ class FeatureStore:
 
 
 def _plan(store: FeatureStore, batch_tokens: int) -> list[list[_Seq]]:
-    if isinstance(batch_tokens, bool) or not isinstance(batch_tokens, int) or batch_tokens <= 0:
+    if not is_int(batch_tokens, 1):
         raise DrafterError(f"batch_tokens={batch_tokens!r} must be a positive integer")
     return make_batches(store.sequences, batch_tokens)  # type: ignore[arg-type]
 

@@ -1,7 +1,8 @@
 """The EAGLE-3 draft head: fuse k residual streams of the target, read the next token's embedding,
 run one Llama-style decoder layer and predict over a reduced draft vocabulary.
 
-Graph (see ``../shared/reference/eagle3.md`` section 1)::
+Graph (as in SafeAILab/EAGLE ``eagle/traineagle3/cnets.py`` and SpecForge
+``specforge/modeling/draft/llama3_eagle.py``; the book's Methods page)::
 
     f      = fc(concat(h_1..h_k))                       # [B, T, k*H_t] -> [B, T, H]
     a_in   = concat(input_layernorm(e), hidden_norm(f)) # embedding first, 2H wide
@@ -24,11 +25,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ..errors import LayerIdError, WavesurfError
+from ..errors import DrafterError, LayerIdError
 
-
-class DrafterError(WavesurfError):
-    """A drafter that does not fit its target, or bad drafter settings."""
 
 
 INPUT_NORMS = ("none", "rms")

@@ -37,7 +37,9 @@ from typing import Any
 
 import numpy as np
 
-from ..cache import cache_root, describe_differences, params_key
+from ..errors import is_int
+from ..cache import cache_root, describe_differences, params_key, safe_name
+from ..models import block_output_ids
 from .features import FeatureStore, TargetHead
 from .head import INPUT_NORMS, DraftConfig, DraftHead, DrafterError, check_draft_layer_ids, init_head, save_head
 from .vocab import build_draft_vocab, check_draft_vocab_size
@@ -91,7 +93,7 @@ class TrainSettings:
             v = getattr(self, name)
             if v is None and allow_none:
                 return
-            if isinstance(v, bool) or not isinstance(v, int) or v < (0 if allow_zero else 1):
+            if not is_int(v, 0 if allow_zero else 1):
                 what = "a non-negative" if allow_zero else "a positive"
                 raise DrafterError(f"{name}={v!r} must be {what} integer{' or None' if allow_none else ''}")
 
@@ -266,8 +268,7 @@ def lr_lambda(settings: TrainSettings, total_steps: int) -> Callable[[int], floa
 
 # ---------------------------------------------------------------------------------------------
 def default_out_dir(target: Any, layer_ids: Sequence[int], fingerprint: dict[str, Any]) -> Path:
-    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in target.name)
-    return cache_root() / "drafter" / "heads" / f"{safe}-L{'-'.join(map(str, layer_ids))}-{params_key(fingerprint)}"
+    return cache_root() / "drafter" / "heads" / f"{safe_name(target.name)}-L{'-'.join(map(str, layer_ids))}-{params_key(fingerprint)}"
 
 
 def init_from_target(head: DraftHead, target: Any) -> DraftHead:
@@ -440,7 +441,7 @@ def train_drafter(
     seconds = seconds0 + time.perf_counter() - t_start
     record = last_record or _record(step, state["tokens"], settings.lr, window, settings)
     result = TrainResult(
-        out_dir=str(out), layer_ids=ids, sglang_layer_ids=[i - 1 if i > 0 else None for i in ids], steps=step,
+        out_dir=str(out), layer_ids=ids, sglang_layer_ids=block_output_ids(ids), steps=step,
         train_tokens=int(state["tokens"]), seconds=round(seconds, 3),
         tokens_per_second=round(state["tokens"] / seconds, 2) if seconds > 0 else 0.0,
         accuracy=record["accuracy_per_step"], loss=record["loss_per_step"], vocab_coverage=vocab.coverage,

@@ -17,7 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from ..cache import atomic_directory, cache_root, params_key, read_manifest, verify_directory, write_manifest
+from .._version import __version__
+from ..cache import atomic_directory, entry_dir, params_key, read_manifest, verify_directory, write_manifest
 from ..data import ROLE_ASSISTANT, ROLE_TEMPLATE, Encoded
 from .head import DrafterError
 
@@ -88,8 +89,7 @@ def select_vocab(counts: np.ndarray, draft_vocab_size: int) -> tuple[np.ndarray,
 
 
 def vocab_dir(model_name: str, key: str) -> Path:
-    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in model_name)
-    return cache_root() / "drafter" / "vocab" / f"{safe}-{key}"
+    return entry_dir("drafter/vocab", model_name, key)
 
 
 def build_draft_vocab(
@@ -110,7 +110,6 @@ def build_draft_vocab(
     the same corpus budget reuse them). With ``heldout_split`` (a split of the same corpus that
     exists), the summary also reports ``heldout_coverage``: the fraction of held-out tokens the
     vocabulary covers, which is what a drafter meets when it decodes."""
-    from .. import __version__
     from ..data import load_corpus
 
     check_draft_vocab_size(draft_vocab_size, target.vocab_size)

@@ -1,51 +1,32 @@
-"""Numerical core: streaming float64 moments, matrix entropy (nats), linear CKA, depth compartments."""
+"""Numerical core: streaming float64 moments, matrix entropy (nats), linear CKA, depth compartments.
 
-from wavesurf.stats.cka import (
-    DEFAULT_MEMORY_BUDGET,
-    MinibatchCKA,
-    TokenShuffler,
-    choose_cka_estimator,
-    cka_to_last,
-    linear_cka,
-    linear_cka_from_moments,
-    neighbour_cka,
-)
-from wavesurf.stats.compartments import compartment_costs, compartment_stability, compartments, mean_silhouette
-from wavesurf.stats.entropy import (
-    aggregate_covariance,
-    aggregate_entropy,
-    aggregate_entropy2_closed_form,
-    effective_rank,
-    layer_entropies,
-    matrix_entropy,
-    purity,
-    redundancy,
-    renyi_entropy,
-)
-from wavesurf.stats.moments import LayerMoments, gather_layer_rows
+Names are imported from their modules on first use (torch loads only then). ``compartments`` is
+both a submodule and a function; the function (numpy only) is bound here so that importing the
+submodule cannot shadow it.
+"""
+from __future__ import annotations
 
-__all__ = [
-    "DEFAULT_MEMORY_BUDGET",
-    "LayerMoments",
-    "MinibatchCKA",
-    "TokenShuffler",
-    "aggregate_covariance",
-    "aggregate_entropy",
-    "aggregate_entropy2_closed_form",
-    "choose_cka_estimator",
-    "cka_to_last",
-    "compartment_costs",
-    "compartment_stability",
-    "compartments",
-    "effective_rank",
-    "gather_layer_rows",
-    "layer_entropies",
-    "linear_cka",
-    "linear_cka_from_moments",
-    "matrix_entropy",
-    "mean_silhouette",
-    "neighbour_cka",
-    "purity",
-    "redundancy",
-    "renyi_entropy",
-]
+from typing import Any
+
+from .._lazy import lazy_getattr
+
+from .compartments import compartment_costs, compartment_stability, compartments, mean_silhouette
+
+_PUBLIC = {
+    **dict.fromkeys(["DEFAULT_MEMORY_BUDGET", "MinibatchCKA", "TokenShuffler", "choose_cka_estimator", "cka_to_last",
+                     "linear_cka", "linear_cka_from_moments", "neighbour_cka"], "cka"),
+    **dict.fromkeys(["aggregate_covariance", "aggregate_entropy", "aggregate_entropy2_closed_form", "effective_rank",
+                     "layer_entropies", "matrix_entropy", "purity", "redundancy", "renyi_entropy"], "entropy"),
+    **dict.fromkeys(["LayerMoments", "gather_layer_rows"], "moments"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    return lazy_getattr(__name__, _PUBLIC, globals(), name)
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_PUBLIC))
+
+
+__all__ = sorted([*_PUBLIC, "compartment_costs", "compartment_stability", "compartments", "mean_silhouette"])

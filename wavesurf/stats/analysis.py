@@ -23,8 +23,9 @@ from typing import Any
 
 import numpy as np
 
+from .._version import __version__
 from ..capture import check_roles
-from ..cache import atomic_directory, cache_root, params_key, verify_directory, write_manifest, write_rows_csv
+from ..cache import atomic_directory, entry_dir, params_key, verify_directory, write_manifest, write_rows_csv
 from ..errors import WavesurfError
 from .cka import DEFAULT_MEMORY_BUDGET, MinibatchCKA, TokenShuffler, choose_cka_estimator, cka_to_last, linear_cka_from_moments, neighbour_cka
 from .compartments import compartment_stability, compartments
@@ -154,10 +155,40 @@ class LayerStats:
     def layer_ids(self) -> list[int]:
         return self.main.layer_ids
 
-    def __getattr__(self, name: str) -> Any:
-        if name in ("entropy", "entropy2", "normalized_entropy", "purity", "trace", "cka", "compartments", "n_tokens"):
-            return getattr(self.main, name)
-        raise AttributeError(name)
+    @property
+    def entropy(self) -> np.ndarray:
+        """α=1 matrix entropy per layer (nats), main subset."""
+        return self.main.entropy
+
+    @property
+    def entropy2(self) -> np.ndarray:
+        """α=2 matrix entropy per layer (nats), main subset."""
+        return self.main.entropy2
+
+    @property
+    def normalized_entropy(self) -> np.ndarray:
+        return self.main.normalized_entropy
+
+    @property
+    def purity(self) -> np.ndarray:
+        return self.main.purity
+
+    @property
+    def trace(self) -> np.ndarray:
+        return self.main.trace
+
+    @property
+    def cka(self) -> np.ndarray:
+        """[L, L] linear CKA, main subset."""
+        return self.main.cka
+
+    @property
+    def compartments(self) -> list[tuple[int, int]]:
+        return self.main.compartments
+
+    @property
+    def n_tokens(self) -> int:
+        return self.main.n_tokens
 
     @property
     def has_cross_covariance(self) -> bool:
@@ -272,12 +303,10 @@ class _Accumulator:
 
 
 def result_dir(model_name: str, key: str) -> Path:
-    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in model_name)
-    return cache_root() / "results" / "analyze" / f"{safe}-{key}"
+    return entry_dir("results/analyze", model_name, key)
 
 
 def analysis_key(target: Any, settings: AnalysisSettings) -> tuple[str, dict[str, Any]]:
-    from .. import __version__
 
     from ..data import generated_corpus_info
 

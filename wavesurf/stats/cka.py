@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from wavesurf.errors import StatsError
-from wavesurf.stats.moments import LayerMoments, States, _config_differences, gather_layer_rows
+from wavesurf.stats.moments import LayerMoments, States, config_differences, gather_layer_rows
 
 DEFAULT_MEMORY_BUDGET = 8 * 2**30  # bytes
 _MB_FORMAT = "wavesurf.stats.MinibatchCKA/1"
@@ -220,7 +220,7 @@ class MinibatchCKA:
         """Add another accumulator's minibatches (in place; returns ``self``); refuses different settings."""
         if not isinstance(other, MinibatchCKA):
             raise StatsError(f"can only merge another MinibatchCKA, got {type(other).__name__}")
-        diffs = _config_differences(self.config(), other.config())
+        diffs = config_differences(self.config(), other.config())
         if diffs:
             raise StatsError("cannot merge MinibatchCKA accumulated with different settings: " + "; ".join(diffs))
         self._hsic.add_(other._hsic.to(self.device))

@@ -14,13 +14,10 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import WavesurfError
+from ..errors import FilterError
 
 FILTER_HELP = "'none', 'q0.5' (keep H >= the 50% quantile), or '1.5nats' (keep H >= 1.5 nats)"
 
-
-class FilterError(WavesurfError, ValueError):
-    """A filter spec that cannot be parsed, or a filter that keeps too few tokens."""
 
 
 @dataclass(frozen=True)

@@ -100,7 +100,7 @@ def l2_normalize_rows_(x: Tensor) -> Tensor:
     return x.div_(norms.clamp_min(torch.finfo(x.dtype).tiny))
 
 
-def _config_differences(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
+def config_differences(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
     """Human-readable list of differing configuration keys (meta keys listed one by one)."""
     diffs: list[str] = []
     for key in a:
@@ -263,7 +263,7 @@ class LayerMoments:
         """
         if not isinstance(other, LayerMoments):
             raise StatsError(f"can only merge another LayerMoments, got {type(other).__name__}")
-        diffs = _config_differences(self.config(), other.config())
+        diffs = config_differences(self.config(), other.config())
         if diffs:
             raise StatsError("cannot merge LayerMoments accumulated with different settings: " + "; ".join(diffs))
         self._batches += other._batches
