@@ -33,7 +33,7 @@ def main() -> None:
     import torch
     from transformers import DynamicCache
 
-    from wavesurf.drafter.decode import TreeSpec, _TargetRunner
+    from wavesurf.drafter.decode import TreeSpec, TargetRunner
     from wavesurf.drafter.head import DraftConfig, DraftHead, init_head
     from wavesurf.models import configure_torch, load_target
 
@@ -60,7 +60,7 @@ def main() -> None:
         model(input_ids=ctx[None], cache=hf_step.cache, use_cache=True)
         res["hf_decode_step_ms"] = round(1e3 * _time(hf_step, args.repeats), 2)
 
-        runner = _TargetRunner(target, target.default_layer_ids())
+        runner = TargetRunner(target, target.default_layer_ids())
         runner.forward(ctx, torch.arange(args.context), torch.ones(args.context, args.context, dtype=torch.bool).tril())
         for k in (1, 4, 8, 16, 32, 64):
             ids = torch.randint(100, 5000, (k,))

@@ -5,8 +5,8 @@ per target and dataset, how many outputs are identical, how many near-tie re-che
 where any mismatch starts.
 
 Drafters: ``untrained`` (default; a deterministic untrained head, drafts are rejected, every
-decision is read from a multi-token verify forward), ``oracle`` (a head that ranks HF's own
-continuation first or second, from ``tests/drafter/test_decode.py``: long accepted paths and
+decision is read from a multi-token verify forward), ``oracle`` (:mod:`wavesurf.drafter.oracle`, ranking HF's own
+continuation first or second: long accepted paths and
 non-contiguous cache rows), or a drafter directory (``save_head`` output; needs one --targets).
 
     WAVESURF_THREADS=1 OMP_NUM_THREADS=1 python benchmarks/lossless.py --n-per-dataset 34
@@ -40,11 +40,16 @@ def main() -> None:
     ap.add_argument("--total-tokens", type=int, default=10)
     ap.add_argument("--tie-eps", type=float, default=DEFAULT_TIE_EPS)
     ap.add_argument("--drafter", default="untrained", help="untrained, oracle, or a drafter directory")
+    ap.add_argument("--min-confidence", type=float, default=0.0, help="stop drafting below this path probability")
+    ap.add_argument("--no-packed", action="store_true", help="verify with HF's plain linear kernels")
     args = ap.parse_args()
     configure_torch()
     tree = make_tree(args.mode, draft_len=args.draft_len, depth=args.depth, top_k=args.top_k,
                      total_tokens=args.total_tokens)
-    report: dict = {"settings": {**vars(args), "tree": tree.describe()}, "targets": {}}
+    import torch
+
+    report: dict = {"settings": {**vars(args), "tree": tree.describe(), "threads": torch.get_num_threads()},
+                    "targets": {}}
     total = same = 0
     t0 = time.perf_counter()
     for name in args.targets.split(","):
@@ -64,7 +69,8 @@ def main() -> None:
                     head = OracleHead(target, list(map(int, ids)) + ref, miss_every=3)
                 else:
                     head, _ = load_head(args.drafter, target)
-                got = SpeculativeDecoder(target, head, tree, tie_eps=args.tie_eps).generate(ids, args.max_new_tokens)
+                got = SpeculativeDecoder(target, head, tree, tie_eps=args.tie_eps, packed=False if args.no_packed else None,
+                                         min_confidence=args.min_confidence).generate(ids, args.max_new_tokens)
                 stats["prompts"] += 1
                 stats["tie_rechecks"] += got.tie_rechecks
                 stats["mean_tau"] += got.tau / len(prompts)

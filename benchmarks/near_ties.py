@@ -23,7 +23,7 @@ def main() -> None:
     import torch
 
     from wavesurf.bench import bench_prompts, prompt_ids
-    from wavesurf.drafter.decode import _TargetRunner
+    from wavesurf.drafter.target_runner import TargetRunner
     from wavesurf.models import configure_torch, load_target
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -50,7 +50,7 @@ def main() -> None:
                                      return_dict_in_generate=True, pad_token_id=model.generation_config.pad_token_id)
                 gen = out.sequences[0, len(ids):]
                 hf = torch.stack([lg[0].float() for lg in out.logits])  # [steps, V]
-                runner = _TargetRunner(target, [])
+                runner = TargetRunner(target, [])
                 n = len(ids)
                 lg, _ = runner.forward(ids, torch.arange(n), None, logits_rows=1)
                 ours = [lg[-1]]

@@ -94,9 +94,11 @@ print("layer sets trained:", len(sets), "| lossless (T=0) on every timed prompt:
 
 # %% tags=["remove-input"]
 HTML(plots.html_table(
-    table.timed, ["role", "layer_set", "layer_ids", "dataset", "tau", "speedup", "tokens_per_second",
-                  "hf_tokens_per_second", "lossless_prompts", "prompts"],
+    table.timed, ["role", "layer_set", "layer_ids", "dataset", "draft_len_run", "min_confidence", "predicted_speedup",
+                  "tau", "speedup", "tokens_per_second", "hf_tokens_per_second", "lossless_prompts", "prompts"],
     headers={"layer_set": "layer set", "layer_ids": "ids (vLLM)", "tau": "τ (timed runs)",
+             "draft_len_run": "draft len (0 = plain)", "min_confidence": "threshold",
+             "predicted_speedup": "predicted",
              "tokens_per_second": "tokens/s", "hf_tokens_per_second": "HF tokens/s", "lossless_prompts": "lossless",
              "prompts": "of"}, floatfmt=".3f"))
 
@@ -129,6 +131,7 @@ glue("default_speedup", min(float(r["speedup"]) for r in timed_default), display
 glue("default_speedup_max", max(float(r["speedup"]) for r in timed_default), display=False)
 glue("bench_prompts", settings.bench["n_prompts"], display=False)
 glue("bench_tokens", settings.bench["max_new_tokens"], display=False)
+glue("timed_setting", table.timed_setting, display=False)
 glue("n_lossless", sum(int(r["lossless_prompts"] or 0) for r in table.timed), display=False)
 glue("n_runs", sum(int(r["prompts"] or 0) for r in table.timed), display=False)
 
@@ -156,7 +159,7 @@ glue("n_runs", sum(int(r["prompts"] or 0) for r in table.timed), display=False)
 # In timed decoding ({glue:text}`bench_prompts` prompts per benchmark, up to {glue:text}`bench_tokens`
 # new tokens) the default set runs at {glue:text}`default_speedup:.2f`–{glue:text}`default_speedup_max:.2f`x
 # the speed of HF greedy `generate` on this machine; speculative output was token-identical to HF
-# greedy decoding in {glue:text}`n_lossless` of {glue:text}`n_runs` prompt runs.
+# greedy decoding in {glue:text}`n_lossless` of {glue:text}`n_runs` prompt runs. {glue:text}`timed_setting`
 #
 # ```{glue:figure} fig_curve
 # Offline τ of the default set and of the best set against the number of training tokens (same

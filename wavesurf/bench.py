@@ -172,9 +172,15 @@ def run_bench(
     use_cache: bool = True,
     progress: bool = True,
     drafter_id: str | None = None,
+    n_calibration: int = 2,
 ) -> BenchResult:
     """Benchmark ``head`` on ``target`` over ``n_prompts`` prompts of ``dataset``; see the module
-    docstring for the definitions. Returns tidy rows (one per prompt x method) and a summary."""
+    docstring for the definitions. Returns tidy rows (one per prompt x method) and a summary.
+
+    ``mode="auto"``: the chain length (up to ``draft_len``, 0 = plain decoding) and the confidence
+    threshold are chosen by :func:`wavesurf.drafter.adaptive.tune` from costs measured here and
+    ``n_calibration`` further prompts of the dataset (not benchmarked); the choice, its predicted
+    speedup and the cost model go into the summary."""
     import torch
     from tqdm.auto import tqdm
 
@@ -191,8 +197,10 @@ def run_bench(
         raise BenchError(f"dataset={dataset!r} is not one of {', '.join(BENCH_DATASETS)}")
     if not is_int(n_prompts, 1):
         raise BenchError(f"n_prompts={n_prompts!r} must be a positive integer")
-    tree = make_tree(mode, draft_len=draft_len, depth=depth, top_k=top_k, total_tokens=total_tokens)
-    decoder = SpeculativeDecoder(target, head, tree) if "eagle3" in methods else None
+    auto = mode == "auto"
+    if auto and not is_int(n_calibration, 1):
+        raise BenchError(f"n_calibration={n_calibration!r} must be a positive integer (prompts tuned on in mode 'auto')")
+    tree = make_tree("chain" if auto else mode, draft_len=draft_len, depth=depth, top_k=top_k, total_tokens=total_tokens)
     settings = {
         "model": target.name, "drafter": drafter_id or head_fingerprint(head), "dataset": dataset,
         "split": "heldout" if dataset == "sharegpt" else None, "split_seed": split_seed, "n_prompts": n_prompts,
@@ -202,12 +210,31 @@ def run_bench(
         "wavesurf": __version__, "layer_ids": list(head.config.layer_ids),
         "draft_vocab_size": head.config.draft_vocab_size,
     }
+    if auto:
+        settings.update(mode="auto", max_draft_len=settings.pop("depth"), n_calibration=n_calibration)
+        for k in ("top_k", "total_tokens"):
+            settings.pop(k)
     key = params_key(settings)
     path = cache_root() / "results" / "bench" / key
     if use_cache and read_manifest(path) is not None:
         return load_bench(path)
 
-    prompts = bench_prompts(dataset, n_prompts, target, max_prompt_tokens, split_seed)
+    prompts = bench_prompts(dataset, n_prompts + (n_calibration if auto else 0), target, max_prompt_tokens, split_seed)
+    adaptive: dict = {}
+    decoder = None
+    if "eagle3" in methods and auto:
+        from .drafter.adaptive import adaptive_decoder, tune
+
+        calibration, prompts = prompts[n_prompts:], prompts[:n_prompts]
+        if not calibration:
+            raise BenchError(f"{dataset} has no prompts left for calibration after the {n_prompts} benchmarked ones; "
+                             "use fewer --n-prompts")
+        choice, costs = tune(target, head, [prompt_ids(target, p, []) for p in calibration],
+                             max_draft_len=draft_len, max_new_tokens=max_new_tokens)
+        decoder = adaptive_decoder(target, head, choice)
+        adaptive = {"choice": choice.describe(), "costs": costs.describe()}
+    elif "eagle3" in methods:
+        decoder = SpeculativeDecoder(target, head, tree)
     for _ in range(warmup):  # warm-up (excluded): every method once on a short run
         ids = prompt_ids(target, prompts[0], [])
         for m in methods:
@@ -254,6 +281,8 @@ def run_bench(
         bar.update(len(methods))
     bar.close()
     summary = summarize(rows, settings)
+    if adaptive:
+        summary["adaptive"] = adaptive
     summary["wall_seconds"] = round(time.perf_counter() - t_start, 2)
     summary["machine"] = platform.machine()
     result = BenchResult(rows, summary, key, None, settings)

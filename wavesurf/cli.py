@@ -292,7 +292,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     bad = [m for m in methods if m not in METHODS]
     if bad:
         raise ValueError(f"--methods {bad} not allowed; choose from {', '.join(METHODS)}")
-    make_tree(args.mode, draft_len=args.draft_len, depth=args.depth, top_k=args.top_k, total_tokens=args.total_tokens)
+    make_tree("chain" if args.mode == "auto" else args.mode, draft_len=args.draft_len, depth=args.depth, top_k=args.top_k,
+              total_tokens=args.total_tokens)
     check_decode_settings(args.max_new_tokens, args.temperature)  # bad options fail before the model loads
     target = _load_target(args)
     drafter_id = None
@@ -311,7 +312,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         draft_len=args.draft_len, depth=args.depth, top_k=args.top_k, total_tokens=args.total_tokens,
         temperature=args.temperature, seed=args.seed, methods=methods, prompt_lookup_tokens=args.prompt_lookup_tokens,
         max_prompt_tokens=args.max_prompt_tokens, use_cache=not args.no_cache, progress=not args.quiet,
-        drafter_id=drafter_id)
+        drafter_id=drafter_id, n_calibration=args.n_calibration)
     _print_json({**result.summary, "key": result.key, "results": str(result.path) if result.path else None})
     return 0
 
@@ -563,8 +564,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--n-prompts", type=_positive_int, default=10, help="prompts (default 10)")
     p.add_argument("--max-new-tokens", type=_positive_int, default=128, help="new tokens per turn (default 128)")
     p.add_argument("--max-prompt-tokens", type=_positive_int, default=512, help="skip longer prompts (default 512)")
-    p.add_argument("--mode", choices=["chain", "tree"], default="chain", help="chain of --draft-len tokens or a dynamic tree (default chain)")
-    p.add_argument("--draft-len", type=_positive_int, default=4, help="chain: draft tokens per cycle (default 4)")
+    p.add_argument("--mode", choices=["chain", "tree", "auto"], default="chain",
+                   help="chain of --draft-len tokens, a dynamic tree, or auto: chain length (up to --draft-len, 0 = plain "
+                        "decoding) and confidence threshold chosen from costs measured here and --n-calibration "
+                        "further prompts (default chain)")
+    p.add_argument("--draft-len", type=_positive_int, default=4, help="chain: draft tokens per cycle; auto: the most (default 4)")
+    p.add_argument("--n-calibration", type=_positive_int, default=2, help="auto: prompts tuned on, not benchmarked (default 2)")
     p.add_argument("--depth", type=_positive_int, default=5, help="tree: most draft tokens on one path (default 5)")
     p.add_argument("--top-k", type=_positive_int, default=4, help="tree: children per expanded node and nodes expanded per level (default 4)")
     p.add_argument("--total-tokens", type=_positive_int, default=16, help="tree: draft tokens verified per cycle (default 16)")

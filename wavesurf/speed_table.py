@@ -129,7 +129,7 @@ class SpeedTableSettings:
     train: dict = field(default_factory=lambda: {"train_tokens": 60_000, "ttt_steps": 4, "draft_vocab_size": 8192})
     acceptance: dict = field(default_factory=lambda: {"draft_len": 4, "max_draft_len": 6, "n_boot": 2000,
                                                       "level": 0.95})
-    bench: dict = field(default_factory=lambda: {"n_prompts": 3, "max_new_tokens": 64, "mode": "chain", "draft_len": 4})
+    bench: dict = field(default_factory=lambda: {"n_prompts": 3, "max_new_tokens": 64, "mode": "auto", "draft_len": 4})
     datasets: tuple[str, ...] = ("mt-bench", "humaneval", "sharegpt")
     seeds: tuple[int, ...] = (0, 1)
     curve_fractions: tuple[float, ...] = (0.25, 0.5)
@@ -218,6 +218,20 @@ class SpeedTable:
     @property
     def verdict(self) -> str:
         return verdict_sentence(self.summary, self.info)
+
+    @property
+    def timed_setting(self) -> str:
+        """One sentence on what the timed heads ran at (mode 'auto': the chosen chain lengths)."""
+        if not self.timed or self.timed[0].get("predicted_speedup", "") in ("", None):
+            lens = sorted({str(r.get("draft_len_run", "")) for r in self.timed})
+            return f"Heads ran at a fixed draft length ({', '.join(lens)})." if self.timed else ""
+        parts = []
+        for r in self.timed:
+            d = int(r["draft_len_run"])
+            what = "plain decoding" if d == 0 else f"a chain of {d} cut below path probability {float(r['min_confidence']):g}"
+            parts.append(f"{r['layer_set']} on {r['dataset']}: {what} (predicted {float(r['predicted_speedup']):.2f}x)")
+        return ("Each head ran at the setting its measured costs and calibration prompts favoured "
+                "(draft length 0 = plain decoding, chosen when drafting does not pay): " + "; ".join(parts) + ".")
 
 
 def classify(diff: dict[str, float]) -> str:
@@ -377,6 +391,17 @@ def _summary_row(name: str, group: str, aliases: Sequence[str], layer_ids: Seque
     return row
 
 
+def _setting_columns(summary: dict) -> dict[str, Any]:
+    """What the head ran at: the chain length and threshold chosen in mode 'auto' (0 = plain
+    decoding) with the cost model's predicted speedup, else the fixed shape."""
+    choice = summary.get("adaptive", {}).get("choice")
+    st = summary.get("settings", {})
+    if choice:
+        return {"draft_len_run": choice["draft_len"], "min_confidence": choice["min_confidence"],
+                "predicted_speedup": choice["predicted_speedup"]}
+    return {"draft_len_run": st.get("depth", ""), "min_confidence": 0.0, "predicted_speedup": ""}
+
+
 def _timed_rows(target: Any, chosen: Sequence[tuple[str, LayerSet, str]], settings: SpeedTableSettings,
                 progress: bool) -> list[dict[str, Any]]:
     from .bench import run_bench
@@ -395,5 +420,6 @@ def _timed_rows(target: Any, chosen: Sequence[tuple[str, LayerSet, str]], settin
                          "tokens_per_second": spec["mean_tokens_per_second"],
                          "hf_tokens_per_second": ref["mean_tokens_per_second"],
                          "lossless_prompts": int(same) if same.isdigit() else "",
-                         "prompts": int(total) if total.isdigit() else "", "drafter": out_dir})
+                         "prompts": int(total) if total.isdigit() else "", "drafter": out_dir,
+                         **_setting_columns(run.summary)})
     return rows

@@ -12,7 +12,7 @@ import torch
 
 from wavesurf.bench import BenchPrompt, bench_prompts, prompt_ids
 from wavesurf.drafter.decode import (
-    DecodeError, SpeculativeDecoder, TreeSpec, _Tree, greedy_generate, hf_generate, make_tree, speculative_generate,
+    DecodeError, SpeculativeDecoder, TreeSpec, DraftTree, greedy_generate, hf_generate, make_tree, speculative_generate,
 )
 from wavesurf.drafter.head import DraftConfig, DraftHead, DrafterError, init_head
 from wavesurf.drafter.oracle import OracleHead
@@ -170,7 +170,7 @@ def test_sampling_rule_preserves_the_target_distribution():
     v, temp = 5, 0.7
     logits = torch.randn(4, v) * 1.5  # rows: root, child a, child b, grandchild under a
     logits[0] = torch.tensor([0.0, 1.0, -1.0, 0.8, -0.5])  # both drafted first tokens are likely
-    tree = _Tree(tokens=[1, 3, 2], parent=[-1, -1, 0], level=[1, 1, 2], score=[-0.1, -0.5, -0.3])
+    tree = DraftTree(tokens=[1, 3, 2], parent=[-1, -1, 0], level=[1, 1, 2], score=[-0.1, -0.5, -0.3])
     dec = SpeculativeDecoder.__new__(SpeculativeDecoder)
     gen = torch.Generator().manual_seed(1)
     n = 20000

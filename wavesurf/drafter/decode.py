@@ -44,347 +44,43 @@ target cache is a ``DynamicCache`` with plain full layers, so rows can be kept o
 """
 from __future__ import annotations
 
+import math
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+import weakref
 from typing import Any
 
 import torch
 
-from ..errors import DecodeError, is_int
-from ..taps import ResidualTaps
+from ..errors import DecodeError
+from .baselines import greedy_generate, hf_generate
+from .generation import DecodeResult, as_ids, check_decode_settings, eos_ids, finish_tokens, sample_token
 from .head import DraftHead
+from .target_runner import PackedLinears, TargetRunner, packing_available
+from .tree import DraftTree, TreeSpec, check_tree, make_tree, tree_mask
 
 #: top-2 logit gap (logit units) below which a T=0 decision is re-made with a one-token forward.
 DEFAULT_TIE_EPS = 1e-3
 
 
-
-# ---------------------------------------------------------------------------------------------
-# settings
-@dataclass(frozen=True)
-class TreeSpec:
-    """Shape of the draft tree.
-
-    ``depth``: most draft tokens on one path (levels below the root); ``top_k``: children tried per
-    expanded node and the number of nodes expanded per level; ``total_tokens``: draft tokens kept
-    for verification (the verify forward sees ``total_tokens + 1`` tokens: root + drafts). A
-    chain of K tokens is ``TreeSpec(K, 1, K)``.
-    """
-
-    depth: int
-    top_k: int
-    total_tokens: int
-
-    def __post_init__(self) -> None:
-        check_tree(self.depth, self.top_k, self.total_tokens)
-
-    @classmethod
-    def chain(cls, draft_len: int) -> TreeSpec:
-        if not is_int(draft_len, 1):
-            raise DecodeError(f"draft_len={draft_len!r} must be an integer >= 1")
-        return cls(draft_len, 1, draft_len)
-
-    @property
-    def max_nodes(self) -> int:
-        """Candidates the drafting produces: top_k at level 1, top_k * top_k at each later level."""
-        return self.top_k + (self.depth - 1) * self.top_k * self.top_k
-
-    @property
-    def is_chain(self) -> bool:
-        return self.top_k == 1
-
-    def describe(self) -> dict:
-        return {"mode": "chain" if self.is_chain else "tree", "depth": self.depth, "top_k": self.top_k,
-                "total_tokens": self.total_tokens}
+def check_confidence(min_confidence: Any) -> None:
+    """Refuse a confidence threshold outside [0, 1) (0 = never stop drafting early)."""
+    if isinstance(min_confidence, bool) or not isinstance(min_confidence, (int, float)) or not 0 <= min_confidence < 1:
+        raise DecodeError(f"min_confidence={min_confidence!r} must be a number in [0, 1): the draft stops when "
+                          "the estimated probability of the drafted path falls below it (0 = never)")
 
 
-def check_tree(depth: Any, top_k: Any, total_tokens: Any) -> None:
-    """Refuse tree settings that cannot be built (the message says what is allowed)."""
-    for name, v in (("depth", depth), ("top_k", top_k), ("total_tokens", total_tokens)):
-        if not is_int(v, 1):
-            raise DecodeError(f"{name}={v!r} must be an integer >= 1")
-    if total_tokens < depth:
-        raise DecodeError(
-            f"total_tokens={total_tokens} is smaller than depth={depth}: a path of depth {depth} needs "
-            f"{depth} draft tokens; use total_tokens >= depth or a smaller depth")
-    most = top_k + (depth - 1) * top_k * top_k
-    if total_tokens > most:
-        raise DecodeError(
-            f"total_tokens={total_tokens} is more than the {most} candidates a tree with depth={depth}, "
-            f"top_k={top_k} drafts (top_k + (depth-1)*top_k^2); use total_tokens <= {most}")
+_PACKED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def make_tree(mode: str = "chain", *, draft_len: int = 4, depth: int = 5, top_k: int = 4,
-              total_tokens: int = 16) -> TreeSpec:
-    """``mode="chain"`` uses ``draft_len``; ``mode="tree"`` uses depth/top_k/total_tokens."""
-    if mode == "chain":
-        return TreeSpec.chain(draft_len)
-    if mode == "tree":
-        return TreeSpec(depth, top_k, total_tokens)
-    raise DecodeError(f"mode={mode!r} is not one of 'chain', 'tree'")
-
-
-def check_decode_settings(max_new_tokens: Any, temperature: Any) -> None:
-    """Refuse a bad generation length or temperature before any model work."""
-    if not is_int(max_new_tokens, 1):
-        raise DecodeError(f"max_new_tokens={max_new_tokens!r} must be an integer >= 1")
-    if not isinstance(temperature, (int, float)) or not temperature >= 0 or temperature == float("inf"):
-        raise DecodeError(f"temperature={temperature!r} must be a finite number >= 0 (0 = greedy)")
-
-
-# ---------------------------------------------------------------------------------------------
-# result
-@dataclass
-class DecodeResult:
-    """What one generation produced and cost. ``tokens`` excludes the prompt and includes a final EOS."""
-
-    method: str
-    tokens: list[int]
-    seconds: float  # wall time of the whole generation, prefill included
-    n_target_forwards: int  # every target forward, prefill included
-    cycle_tokens: list[int] = field(default_factory=list)  # tokens committed by each forward after the prefill
-    accepted: list[int] = field(default_factory=list)  # draft tokens accepted per cycle (speculative only)
-    draft_steps: int = 0  # draft-head forwards (extend + expansion levels)
-    tie_rechecks: int = 0  # extra one-token target forwards spent on near-tie replays
-    prompt_tokens: int = 0
-    stopped: str = ""  # "eos" or "max_new_tokens"
-
-    @property
-    def new_tokens(self) -> int:
-        return len(self.tokens)
-
-    @property
-    def tau(self) -> float:
-        """Mean tokens committed per target forward after the prefill (EAGLE's acceptance length)."""
-        n = len(self.cycle_tokens)
-        return sum(self.cycle_tokens) / n if n else float("nan")
-
-    @property
-    def tokens_per_second(self) -> float:
-        return self.new_tokens / self.seconds if self.seconds > 0 else float("nan")
-
-    def summary(self) -> dict:
-        return {"method": self.method, "new_tokens": self.new_tokens, "tau": round(self.tau, 4),
-                "n_target_forwards": self.n_target_forwards, "tie_rechecks": self.tie_rechecks,
-                "draft_steps": self.draft_steps, "seconds": round(self.seconds, 4),
-                "tokens_per_second": round(self.tokens_per_second, 3), "stopped": self.stopped}
-
-
-# ---------------------------------------------------------------------------------------------
-# helpers shared by all decoders
-def eos_ids(target: Any) -> set[int]:
-    """Token ids that end a generation: the generation config's ``eos_token_id`` (int or list),
-    else the tokenizer's."""
-    gc = getattr(target.model, "generation_config", None)
-    eos = getattr(gc, "eos_token_id", None) if gc is not None else None
-    if eos is None:
-        eos = target.tokenizer.eos_token_id
-    if eos is None:
-        return set()
-    return {int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])}
-
-
-def _as_ids(input_ids: Any, device: str) -> torch.Tensor:
-    ids = torch.as_tensor(input_ids, dtype=torch.long)
-    if ids.dim() == 2:
-        if ids.shape[0] != 1:
-            raise DecodeError(f"batch size {ids.shape[0]}: speculative decoding here is batch size 1")
-        ids = ids[0]
-    if ids.dim() != 1 or ids.numel() < 1:
-        raise DecodeError(f"input_ids must be a non-empty 1D sequence of token ids, got shape {tuple(ids.shape)}")
-    return ids.to(device)
-
-
-def _finish(new: list[int], produced: list[int], eos: set[int], budget: int) -> tuple[list[int], bool]:
-    """Append ``new`` to ``produced`` up to the first EOS (kept) and the budget; True when done."""
-    for t in new:
-        if len(produced) >= budget:
-            return produced, True
-        produced.append(int(t))
-        if int(t) in eos:
-            return produced, True
-    return produced, len(produced) >= budget
-
-
-def _sample(logits: torch.Tensor, temperature: float, gen: torch.Generator | None) -> int:
-    if temperature == 0:
-        return int(torch.argmax(logits))
-    p = torch.softmax(logits.double() / temperature, dim=-1)
-    return int(torch.multinomial(p, 1, generator=gen))
-
-
-class _TargetRunner:
-    """Target forwards with explicit (tree) masks over a plain ``DynamicCache``, reading the
-    drafter's feature layers through forward hooks."""
-
-    def __init__(self, target: Any, layer_ids: Sequence[int]):
-        from transformers import DynamicCache
-
-        self.target, self.model = target, target.model
-        self.layer_ids = list(layer_ids)
-        cfg = self.model.config
-        cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
-        self.impl = getattr(cfg, "_attn_implementation", "sdpa") or "sdpa"
-        if self.impl not in ("sdpa", "eager"):
-            raise DecodeError(
-                f"attention implementation {self.impl!r} does not take a tree mask; load the target with "
-                "attn_implementation='sdpa' or 'eager'")
-        types = list(getattr(cfg, "layer_types", None) or [])
-        self.sliding = int(getattr(cfg, "sliding_window", 0) or 0) if "sliding_attention" in types else 0
-        self.dict_mask = bool(types) and self.sliding > 0
-        self.cache = DynamicCache()
-        self.key_positions = torch.zeros(0, dtype=torch.long, device=target.device)
-        self.hooks = ResidualTaps(self.model, self.layer_ids) if self.layer_ids else None
-        self.forwards = 0
-
-    def close(self) -> None:
-        if self.hooks is not None:
-            self.hooks.remove()
-            self.hooks = None
-
-    @property
-    def length(self) -> int:
-        return int(self.key_positions.numel())
-
-    def _mask(self, allowed: torch.Tensor) -> torch.Tensor:
-        m = allowed[None, None]
-        if self.impl == "eager":
-            dtype = next(self.model.parameters()).dtype
-            return torch.zeros(m.shape, dtype=dtype, device=m.device).masked_fill_(~m, torch.finfo(dtype).min)
-        return m
-
-    def forward(self, ids: torch.Tensor, positions: torch.Tensor, tree: torch.Tensor | None = None,
-                logits_rows: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Run ``ids`` [T] at ``positions`` [T]; ``tree`` bool [T, T] says which new token sees
-        which (all cached rows are visible); ``tree=None`` means plain causal order right after the
-        cache and lets HF build its own masks, the exact computation of HF's prefill / decode step.
-        Returns logits [T, V] (float32; only the last ``logits_rows`` rows if > 0) and features
-        [T, k*d] (ascending layer ids) or None."""
-        past = self.length
-        dev = ids.device
-        if tree is None:
-            mask: Any = None
-        else:
-            allowed = torch.cat([torch.ones(len(ids), past, dtype=torch.bool, device=dev), tree], dim=1)
-            if self.dict_mask:
-                kpos = torch.cat([self.key_positions, positions])
-                near = (positions[:, None] - kpos[None, :]) < self.sliding
-                mask = {"full_attention": self._mask(allowed), "sliding_attention": self._mask(allowed & near)}
-            else:
-                mask = self._mask(allowed)
-        if self.hooks is not None:
-            self.hooks.states = {}
-        out = self.model(input_ids=ids[None], position_ids=positions[None], attention_mask=mask,
-                         cache=self.cache, use_cache=True, logits_to_keep=logits_rows)
-        self.forwards += 1
-        self.key_positions = torch.cat([self.key_positions, positions])
-        feats = None
-        if self.hooks is not None:
-            feats = torch.cat([self.hooks.states[i][0] for i in self.layer_ids], dim=-1)
-            self.hooks.states = {}
-        return out.logits[0].float(), feats
-
-    def keep(self, past: int, rows: torch.Tensor) -> None:
-        """Keep the first ``past`` cached rows plus new rows ``past + rows`` (in that order)."""
-        n = len(rows)
-        contiguous = n == 0 or bool((rows == torch.arange(n, device=rows.device)).all())
-        for layer in self.cache.layers:
-            if not getattr(layer, "is_initialized", False):
-                continue
-            if contiguous:
-                layer.keys, layer.values = layer.keys[:, :, : past + n], layer.values[:, :, : past + n]
-            else:
-                idx = torch.cat([torch.arange(past, device=rows.device), past + rows])
-                layer.keys, layer.values = layer.keys[:, :, idx], layer.values[:, :, idx]
-        kp = self.key_positions
-        self.key_positions = kp[: past + n] if contiguous else torch.cat([kp[:past], kp[past + rows]])
-
-
-# ---------------------------------------------------------------------------------------------
-# plain loops (baselines)
-@torch.inference_mode()
-def greedy_generate(target: Any, input_ids: Any, max_new_tokens: int, temperature: float = 0.0,
-                    seed: int = 0) -> DecodeResult:
-    """Our own KV-cached loop, one target forward per token, HF's default cache and masks (the
-    baseline that shows what generate's bookkeeping costs). T > 0 samples."""
-    from transformers import DynamicCache
-
-    check_decode_settings(max_new_tokens, temperature)
-    t0 = time.perf_counter()
-    ids = _as_ids(input_ids, target.device)
-    eos, model = eos_ids(target), target.model
-    gen = torch.Generator(device="cpu").manual_seed(seed) if temperature > 0 else None
-    cache = DynamicCache(config=model.config)
-    out = model(input_ids=ids[None], cache=cache, use_cache=True, logits_to_keep=1)
-    produced: list[int] = []
-    produced, done = _finish([_sample(out.logits[0, -1].float().cpu(), temperature, gen)], produced, eos, max_new_tokens)
-    forwards, cycles = 1, []
-    while not done:
-        nxt = torch.tensor([[produced[-1]]], device=ids.device)
-        out = model(input_ids=nxt, cache=cache, use_cache=True)
-        forwards += 1
-        produced, done = _finish([_sample(out.logits[0, -1].float().cpu(), temperature, gen)], produced, eos, max_new_tokens)
-        cycles.append(1)
-    return DecodeResult("plain", produced, time.perf_counter() - t0, forwards, cycles, prompt_tokens=len(ids),
-                        stopped="eos" if produced and produced[-1] in eos else "max_new_tokens")
-
-
-class _ForwardCounter:
-    def __init__(self, model: Any):
-        self.n = 0
-        self.handle = model.register_forward_hook(self._hook)
-
-    def _hook(self, *_):
-        self.n += 1
-
-    def remove(self):
-        self.handle.remove()
-
-
-@torch.inference_mode()
-def hf_generate(target: Any, input_ids: Any, max_new_tokens: int, temperature: float = 0.0, seed: int = 0,
-                prompt_lookup_num_tokens: int | None = None) -> DecodeResult:
-    """HF ``model.generate`` (greedy at T=0), optionally prompt-lookup decoding; target forwards
-    are counted with a hook."""
-    check_decode_settings(max_new_tokens, temperature)
-    ids = _as_ids(input_ids, target.device)
-    eos = eos_ids(target)
-    model = target.model
-    kwargs: dict[str, Any] = {"max_new_tokens": max_new_tokens, "do_sample": temperature > 0}
-    if temperature > 0:
-        kwargs.update(temperature=float(temperature), top_k=None, top_p=None)
-        torch.manual_seed(seed)
-    if prompt_lookup_num_tokens:
-        kwargs["prompt_lookup_num_tokens"] = int(prompt_lookup_num_tokens)
-    pad = model.generation_config.pad_token_id
-    if pad is None:
-        pad = next(iter(eos), 0)
-    counter = _ForwardCounter(model)
-    t0 = time.perf_counter()
-    try:
-        out = model.generate(ids[None], attention_mask=torch.ones_like(ids)[None], pad_token_id=pad, **kwargs)
-    finally:
-        counter.remove()
-    seconds = time.perf_counter() - t0
-    produced, _ = _finish(out[0, len(ids):].tolist(), [], eos, max_new_tokens)
-    method = "hf_prompt_lookup" if prompt_lookup_num_tokens else "hf_generate"
-    later = counter.n - 1  # forwards after the prefill; tokens after the first spread evenly over them
-    cycles = [(len(produced) - 1) / later] * later if later > 0 else []
-    return DecodeResult(method, produced, seconds, counter.n, cycles, prompt_tokens=len(ids),
-                        stopped="eos" if produced and produced[-1] in eos else "max_new_tokens")
+def _packed_for(model: Any) -> PackedLinears:
+    """One packed copy per target model, shared by every decoder built on it."""
+    if model not in _PACKED:
+        _PACKED[model] = PackedLinears(model)
+    return _PACKED[model]
 
 
 # ---------------------------------------------------------------------------------------------
 # speculative decoding
-@dataclass
-class _Tree:
-    tokens: list[int]  # target ids of draft nodes
-    parent: list[int]  # node index, -1 = root
-    level: list[int]  # 1..depth
-    score: list[float]  # cumulative draft log-prob
-
-
 class SpeculativeDecoder:
     """EAGLE-3 speculative decoding of one sequence with ``head`` on ``target``.
 
@@ -392,19 +88,27 @@ class SpeculativeDecoder:
     """
 
     def __init__(self, target: Any, head: DraftHead, tree: TreeSpec | None = None, *,
-                 tie_eps: float = DEFAULT_TIE_EPS):
+                 tie_eps: float = DEFAULT_TIE_EPS, packed: bool | None = None, min_confidence: float = 0.0):
         head.config.check_target(target)
         if not isinstance(tie_eps, (int, float)) or not tie_eps >= 0:
             raise DecodeError(f"tie_eps={tie_eps!r} must be a number >= 0 (0 = no near-tie re-check)")
+        check_confidence(min_confidence)
+        if packed not in (None, True, False):
+            raise DecodeError(f"packed={packed!r} must be True, False or None (= when the target allows it)")
         self.target, self.head = target, head.to(target.device).eval()
         self.tree = tree or TreeSpec.chain(4)
         if self.tree.top_k > head.config.draft_vocab_size:
             raise DecodeError(f"top_k={self.tree.top_k} is larger than the draft vocabulary "
                               f"({head.config.draft_vocab_size} ids); use top_k <= {head.config.draft_vocab_size}")
         self.tie_eps = float(tie_eps)
+        self.min_confidence = float(min_confidence)
+        self._min_logp = math.log(min_confidence) if min_confidence > 0 else -math.inf
         self.embed = target.model.get_input_embeddings()
         self.d2t = head.draft_to_target.to(target.device)
         self.eos = eos_ids(target)
+        if packed is None:
+            packed = packing_available(target.model)
+        self.packed = _packed_for(target.model) if packed else None
 
     # ---- draft side ---------------------------------------------------------------------------
     def _draft_extend(self, feats: torch.Tensor, next_tokens: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -423,7 +127,7 @@ class SpeculativeDecoder:
         self.draft_steps += 1
         return torch.log_softmax(st.logits[0, -1].float(), -1), st.hidden[0, -1]
 
-    def _draft_tree(self, root_logp: torch.Tensor, root_hidden: torch.Tensor, m: int) -> _Tree:
+    def _draft_tree(self, root_logp: torch.Tensor, root_hidden: torch.Tensor, m: int) -> DraftTree:
         """EAGLE-2 dynamic tree: expand the top_k best nodes per level, score by cumulative log-prob,
         keep the best ``total_tokens`` nodes (a set closed under parents)."""
         spec, head = self.tree, self.head
@@ -435,12 +139,14 @@ class SpeculativeDecoder:
         ancestors: list[set[int]] = [{i} for i in range(k)]
         src_hidden = [root_hidden] * k  # hidden of the step that predicted each node
         draft_id = di.tolist()
-        frontier = list(range(k))
+        frontier = [c for c in range(k) if score[c] >= self._min_logp]
         exp_owner: list[int] = []  # node whose expansion produced each expansion key row
         ek = ev = None
         s = self.dk.shape[2]
         for lev in range(2, spec.depth + 1):
             f = len(frontier)
+            if f == 0:  # every path is below the confidence threshold: stop drafting
+                break
             hid = torch.stack([src_hidden[n] for n in frontier])[None]
             emb = self.embed(torch.tensor([tokens[n] for n in frontier], device=dev)[None])
             pos = torch.full((1, f), m + lev - 2, dtype=torch.long, device=dev)
@@ -471,35 +177,23 @@ class SpeculativeDecoder:
                     ancestors.append(ancestors[n] | {c})
                     src_hidden.append(st.hidden[0, qi])
                     children.append(c)
-            frontier = sorted(children, key=lambda c: (-score[c], c))[:k]
+            frontier = [c for c in sorted(children, key=lambda c: (-score[c], c))[:k] if score[c] >= self._min_logp]
         order = sorted(range(len(tokens)), key=lambda c: (-score[c], level[c], c))
         chosen: list[int] = []
         taken: set[int] = set()
         for c in order:
-            if len(chosen) == spec.total_tokens:
-                break
+            if len(chosen) == spec.total_tokens or score[c] < self._min_logp:
+                break  # scores fall along a path, so what is left is below the threshold too
             if parent[c] == -1 or parent[c] in taken:
                 chosen.append(c)
                 taken.add(c)
         chosen.sort(key=lambda c: (level[c], -score[c], c))
         new_index = {c: i for i, c in enumerate(chosen)}
-        return _Tree([tokens[c] for c in chosen], [new_index.get(parent[c], -1) for c in chosen],
+        return DraftTree([tokens[c] for c in chosen], [new_index.get(parent[c], -1) for c in chosen],
                      [level[c] for c in chosen], [score[c] for c in chosen])
 
     # ---- verification -------------------------------------------------------------------------
-    @staticmethod
-    def _tree_mask(tree: _Tree, dev: Any) -> torch.Tensor:
-        n = len(tree.tokens) + 1
-        mask = torch.zeros(n, n, dtype=torch.bool, device=dev)
-        mask[:, 0] = True
-        for i in range(1, n):
-            j = i
-            while j > 0:
-                mask[i, j] = True
-                j = tree.parent[j - 1] + 1
-        return mask
-
-    def _accept(self, logits: torch.Tensor, tree: _Tree, temperature: float,
+    def _accept(self, logits: torch.Tensor, tree: DraftTree, temperature: float,
                 gen: torch.Generator | None) -> tuple[list[int], int]:
         """Rows of the accepted path (0 = root, then tree rows) and the bonus token."""
         children: dict[int, list[int]] = {}
@@ -538,19 +232,19 @@ class SpeculativeDecoder:
         """Generate up to ``max_new_tokens`` tokens after ``input_ids`` (1D ids, or [1, T])."""
         check_decode_settings(max_new_tokens, temperature)
         t0 = time.perf_counter()
-        ids = _as_ids(input_ids, self.target.device)
+        ids = as_ids(input_ids, self.target.device)
         dev = ids.device
         gen = torch.Generator(device="cpu").manual_seed(seed) if temperature > 0 else None
-        runner = _TargetRunner(self.target, self.head.config.layer_ids)
+        runner = TargetRunner(self.target, self.head.config.layer_ids, self.packed)
         self.dk = self.dv = None
         self.draft_steps = 0
-        cycles, accepted, rechecks = [], [], 0
+        cycles, accepted, rechecks, scores = [], [], 0, []
         try:
             n = len(ids)
             # the prefill exactly as HF computes it (its own causal masks, logits of the last row only)
             logits, feats = runner.forward(ids, torch.arange(n, device=dev), None, logits_rows=1)
-            first = _sample(logits[-1].cpu(), temperature, gen)
-            produced, done = _finish([first], [], self.eos, max_new_tokens)
+            first = sample_token(logits[-1].cpu(), temperature, gen)
+            produced, done = finish_tokens([first], [], self.eos, max_new_tokens)
             # target features f_0..f_{n-1} and the tokens that follow them x_1..x_n
             pend_feats, pend_next, start = feats, torch.cat([ids[1:], torch.tensor([first], device=dev)]), 0
             seq = torch.cat([ids, torch.tensor([first], device=dev)])
@@ -560,7 +254,8 @@ class SpeculativeDecoder:
                 tree = self._draft_tree(root_logp, root_h, m)
                 vids = torch.tensor([int(seq[-1])] + tree.tokens, device=dev)
                 vpos = m + torch.tensor([0] + tree.level, device=dev)
-                logits, feats = runner.forward(vids, vpos, self._tree_mask(tree, dev))
+                mask = None if self.tree.is_chain else tree_mask(tree, dev)  # a chain is plain causal order
+                logits, feats = runner.forward(vids, vpos, mask, verify=True)
                 path, bonus = self._accept(logits, tree, temperature, gen)
                 did, new_feats = 0, None
                 if temperature == 0 and self.tie_eps > 0:
@@ -572,10 +267,12 @@ class SpeculativeDecoder:
                     new_feats = feats[rows]
                 new_tokens = [int(vids[r]) for r in path[1:]] + [bonus]
                 before = len(produced)
-                produced, done = _finish(new_tokens, produced, self.eos, max_new_tokens)
+                produced, done = finish_tokens(new_tokens, produced, self.eos, max_new_tokens)
                 cycles.append(len(produced) - before)
                 cycles.extend([0] * did)  # a re-check forward commits no extra token but counts as a forward
                 accepted.append(len(path) - 1)
+                if self.tree.is_chain:
+                    scores.append([round(x, 5) for x in tree.score])
                 seq = torch.cat([seq, torch.tensor(new_tokens, device=dev)])
                 pend_feats, pend_next, start = new_feats, torch.tensor(new_tokens, device=dev), m
             forwards = runner.forwards
@@ -585,9 +282,10 @@ class SpeculativeDecoder:
         return DecodeResult(f"eagle3-{'chain' if self.tree.is_chain else 'tree'}", produced,
                             time.perf_counter() - t0, forwards, cycles, accepted, self.draft_steps, rechecks,
                             prompt_tokens=len(ids),
-                            stopped="eos" if produced and produced[-1] in self.eos else "max_new_tokens")
+                            stopped="eos" if produced and produced[-1] in self.eos else "max_new_tokens",
+                            draft_scores=scores)
 
-    def _tie_replay(self, runner: _TargetRunner, logits: torch.Tensor, path: list[int], bonus: int,
+    def _tie_replay(self, runner: TargetRunner, logits: torch.Tensor, path: list[int], bonus: int,
                     vids: torch.Tensor, seq: torch.Tensor, n_prompt: int):
         """At T=0, find the first path row whose top-2 logit gap is below ``tie_eps``. There the
         verify forward's decision is not trusted: every generated token up to that row is re-run
@@ -621,7 +319,8 @@ def speculative_generate(target: Any, head: DraftHead, input_ids: Any, max_new_t
 
 
 __all__ = [
-    "DEFAULT_TIE_EPS", "DecodeError", "DecodeResult", "SpeculativeDecoder", "TreeSpec", "check_decode_settings",
-    "check_tree", "eos_ids",
+    "DEFAULT_TIE_EPS", "DecodeError", "DecodeResult", "DraftTree", "PackedLinears", "SpeculativeDecoder",
+    "TargetRunner", "TreeSpec", "as_ids", "check_decode_settings", "check_tree", "eos_ids", "finish_tokens",
+    "sample_token", "tree_mask",
     "greedy_generate", "hf_generate", "make_tree", "speculative_generate",
 ]

@@ -1,0 +1,155 @@
+"""Adaptive draft length and the cheaper verify: the choice follows the costs and the calibration
+cycles, a confidence threshold cuts drafts and stays lossless, the packed verify weights give the
+plain kernels' logits to float32 rounding and leave the model as it was, bad settings are refused
+before model work."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from wavesurf.bench import BenchError, bench_prompts, prompt_ids, run_bench, untrained_head
+from wavesurf.drafter.adaptive import (
+    CostModel, adaptive_decoder, calibration_cycles, choose_setting, measure_costs, tune,
+)
+from wavesurf.drafter.decode import DecodeError, SpeculativeDecoder, TreeSpec, hf_generate
+from wavesurf.drafter.oracle import OracleHead
+from wavesurf.drafter.target_runner import PackedLinears, TargetRunner, packing_available
+
+NEW = 24
+
+
+def costs(verify=(1.0, 1.3, 1.4, 1.5, 1.6), draft=0.05, hf=1.0, plain=1.0, model="m") -> CostModel:
+    return CostModel(model, 1, 256, tuple(verify), draft, hf, plain)
+
+
+def _brute(cycles, d, thr, c):
+    """Seconds per token of (d, thr), written out directly."""
+    tok = sec = 0.0
+    for scores, acc in cycles:
+        probs = [math.exp(s) for s in scores[:d]]
+        drafted = next((i for i, p in enumerate(probs) if p < thr), len(probs))
+        steps = drafted if drafted == d else drafted + 1
+        tok += min(acc, drafted) + 1
+        sec += c.verify_seconds[drafted] + steps * c.draft_step_seconds
+    return sec / tok
+
+
+def test_choice_is_the_fastest_replayed_setting():
+    c = costs()
+    lp = [math.log(p) for p in (0.9, 0.8, 0.3, 0.2)]
+    cycles = [(lp, 2), (lp, 3), (lp, 1), (lp, 2)]
+    s = choose_setting(cycles, c, 4)
+    best = min((_brute(cycles, d, t, c), d, t) for d in range(1, 5) for t in (0.0, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5,
+                                                                               0.6, 0.7, 0.8, 0.9))
+    assert s.draft_len >= 1 and s.predicted_speedup == pytest.approx(c.hf_token_seconds / best[0])
+    assert s.predicted_speedup == pytest.approx(1.0 / _brute(cycles, s.draft_len, s.min_confidence, c))
+    assert any(row["draft_len"] == 0 for row in s.candidates)
+
+
+def test_nothing_accepted_means_plain_decoding():
+    cycles = [([math.log(0.9)] * 3, 0)] * 5
+    s = choose_setting(cycles, costs(), 3)
+    assert s.plain and s.draft_len == 0
+    assert s.predicted_speedup == pytest.approx(1.0)
+    dec = adaptive_decoder(None, None, s)
+    assert type(dec).__name__ == "PlainDecoder"
+
+
+def test_threshold_cuts_the_unlikely_tail():
+    """Confident tokens are accepted, unsure ones never: the chosen threshold separates them."""
+    sure, unsure = math.log(0.9), math.log(0.05)
+    cycles = [([sure, sure + unsure, sure + 2 * unsure], 1), ([unsure, 2 * unsure, 3 * unsure], 0)] * 5
+    s = choose_setting(cycles, costs(verify=(1.0, 1.2, 1.6, 2.0)), 3)
+    assert s.draft_len >= 1 and 0.05 < s.min_confidence <= 0.9
+    assert s.predicted_tokens_per_cycle == pytest.approx(1.5)
+    no_threshold = next(r for r in s.candidates if r["draft_len"] == s.draft_len and r["min_confidence"] == 0)
+    assert s.predicted_speedup > no_threshold["predicted_speedup"]
+
+
+def test_bad_settings_are_refused():
+    c = costs()
+    cycles = [([0.0] * 4, 1)]
+    for bad in (1.0, -0.1, 1.5, True, "0.5"):
+        with pytest.raises(DecodeError, match="min_confidence"):
+            choose_setting(cycles, c, 2, thresholds=[bad])
+    with pytest.raises(DecodeError, match="max_draft_len"):
+        choose_setting(cycles, c, 5)  # the cost model knows verify lengths up to 5 tokens = 4 drafts
+    with pytest.raises(DecodeError, match="fewer than max_draft_len"):
+        choose_setting([([0.0], 1)], c, 2)
+    with pytest.raises(DecodeError, match="no calibration cycles"):
+        choose_setting([], c, 2)
+
+
+def test_decoder_refusals_before_model_work(smollm):
+    head = untrained_head(smollm)
+    for bad in (1.0, -0.5, float("nan"), True):
+        with pytest.raises(DecodeError, match="min_confidence"):
+            SpeculativeDecoder(smollm, head, TreeSpec.chain(2), min_confidence=bad)
+    with pytest.raises(DecodeError, match="packed"):
+        SpeculativeDecoder(smollm, head, TreeSpec.chain(2), packed="yes")
+    with pytest.raises(DecodeError, match="measured on 'other'"):
+        costs(model="other").check_fits(smollm, 2)
+    with pytest.raises(DecodeError, match="max draft_len 4"):
+        costs(model=smollm.name).check_fits(smollm, 6)
+    with pytest.raises(BenchError, match="n_calibration"):
+        run_bench(smollm, head, "mt-bench", n_prompts=1, mode="auto", n_calibration=0, use_cache=False)
+    with pytest.raises(DecodeError, match="mode"):
+        run_bench(smollm, head, "mt-bench", n_prompts=1, mode="adaptive", use_cache=False)
+
+
+@pytest.fixture(scope="module")
+def prompt(smollm):
+    p = bench_prompts("mt-bench", 1, smollm)[0]
+    ids = prompt_ids(smollm, p, [])
+    return ids, hf_generate(smollm, ids, NEW).tokens
+
+
+def test_confidence_threshold_is_lossless_and_cuts_drafts(smollm, prompt):
+    ids, ref = prompt
+    head = OracleHead(smollm, list(map(int, ids)) + ref, miss_every=3)
+    free = SpeculativeDecoder(smollm, head, TreeSpec.chain(4)).generate(ids, NEW)
+    assert free.tokens == ref and free.tau > 1.5
+    assert len(free.draft_scores) == len(free.accepted) and all(len(s) == 4 for s in free.draft_scores)
+    # the oracle's right token has probability ~0.985: a threshold above it drafts nothing
+    none = SpeculativeDecoder(smollm, head, TreeSpec.chain(4), min_confidence=0.99).generate(ids, NEW)
+    assert none.tokens == ref and none.tau == pytest.approx(1.0) and max(none.accepted) == 0
+    some = SpeculativeDecoder(smollm, head, TreeSpec.chain(4), min_confidence=0.5).generate(ids, NEW)
+    assert some.tokens == ref and 1.0 < some.tau <= free.tau + 1e-9
+
+
+def test_packed_verify_matches_plain_kernels_and_restores_the_model(smollm):
+    if not packing_available(smollm.model):
+        pytest.skip("this PyTorch has no oneDNN linear")
+    packed = PackedLinears(smollm.model)
+    ctx = torch.arange(100, 140)
+    logits = {}
+    for name, p in (("plain", None), ("packed", packed)):
+        runner = TargetRunner(smollm, [2, 15], p)
+        try:
+            with torch.inference_mode():
+                runner.forward(ctx[:30], torch.arange(30), None)
+                logits[name], feats = runner.forward(ctx[30:], torch.arange(30, 40), None, verify=True)
+        finally:
+            runner.close()
+        assert feats.shape == (10, 2 * smollm.hidden_size)
+    diff = float((logits["plain"] - logits["packed"]).abs().max())
+    assert 0 < diff < 1e-3  # other kernel, same numbers to float32 rounding, inside the near-tie margin
+    assert not any("forward" in m.__dict__ for m in smollm.model.modules())
+
+
+def test_measure_costs_and_tune_on_the_real_model(smollm, prompt):
+    ids, ref = prompt
+    head = OracleHead(smollm, list(map(int, ids)) + ref, miss_every=2)
+    c = measure_costs(smollm, head, 2, context=16, repeats=1)
+    assert len(c.verify_seconds) == 3 and all(x > 0 for x in c.verify_seconds)
+    assert c.draft_step_seconds > 0 and c.hf_token_seconds > 0 and c.plain_token_seconds > 0
+    assert c.describe()["threads"] == torch.get_num_threads()
+    setting, _ = tune(smollm, head, [ids], max_draft_len=2, max_new_tokens=NEW, costs=c)
+    plain = next(r for r in setting.candidates if r["draft_len"] == 0)
+    assert setting.predicted_speedup >= plain["predicted_speedup"]
+    out = adaptive_decoder(smollm, head, setting).generate(ids, NEW)
+    assert out.tokens == ref
+    cycles = calibration_cycles([out]) if not setting.plain else []
+    assert all(len(s) <= 2 for s, _ in cycles)
