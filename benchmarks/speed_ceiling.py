@@ -2,8 +2,11 @@
 (the oracle head of ``tests/drafter/test_decode.py``, ranking HF's own continuation first) gives the
 largest tau each tree shape allows, so tokens/s against HF greedy here is the best a trained head
 could reach with that shape. Methods are interleaved per prompt; one warm-up run is excluded.
+Speedups come with a 95% bootstrap interval over prompts, paired with HF greedy on each prompt
+(``wavesurf.bench.speedup_interval``); the thread count and the 1-minute load are printed.
 
-    WAVESURF_THREADS=1 OMP_NUM_THREADS=1 python benchmarks/speed_ceiling.py --n-prompts 3
+    python benchmarks/speed_ceiling.py --n-prompts 8            # both cores (default)
+    WAVESURF_THREADS=1 python benchmarks/speed_ceiling.py       # one thread
 """
 from __future__ import annotations
 
@@ -19,7 +22,9 @@ SHAPES = {"chain2": ("chain", 2, 0, 0, 0), "chain4": ("chain", 4, 0, 0, 0), "cha
 
 def main() -> None:
     from wavesurf.drafter.oracle import OracleHead
-    from wavesurf.bench import bench_prompts, prompt_ids
+    import torch
+
+    from wavesurf.bench import bench_prompts, prompt_ids, speedup_interval
     from wavesurf.drafter.decode import hf_generate, speculative_generate
     from wavesurf.models import configure_torch, load_target
 
@@ -34,6 +39,7 @@ def main() -> None:
     target = load_target(args.model, device="cpu")
     prompts = bench_prompts(args.dataset, args.n_prompts + 1, target)
     tps: dict[str, list[float]] = {"hf_generate": []}
+    rows: list[dict] = []
     taus: dict[str, list[float]] = {}
     for i, p in enumerate(prompts):
         ids = prompt_ids(target, p, [])
@@ -49,13 +55,17 @@ def main() -> None:
         if i == 0:
             continue  # warm-up
         for name, r in runs.items():
+            rows.append({"prompt_id": i, "method": name, "tokens_per_second": r.tokens_per_second})
             tps.setdefault(name, []).append(r.tokens_per_second)
             taus.setdefault(name, []).append(r.tau)
     base = sum(tps["hf_generate"]) / len(tps["hf_generate"])
-    out = {"model": target.name, "prompts": args.n_prompts, "max_new_tokens": args.max_new_tokens,
+    out = {"model": target.name, "threads": torch.get_num_threads(), "load_1min": round(os.getloadavg()[0], 2),
+           "prompts": args.n_prompts, "max_new_tokens": args.max_new_tokens,
            "miss_every": args.miss_every, "hf_tokens_per_second": round(base, 2),
            "shapes": {n: {"tau": round(sum(taus[n]) / len(taus[n]), 2),
-                          "speedup_vs_hf": round(sum(v) / len(v) / base, 2)} for n, v in tps.items() if n != "hf_generate"}}
+                          "speedup_vs_hf": round(sum(v) / len(v) / base, 2),
+                          "speedup_ci95": [round(x, 2) for x in speedup_interval(rows, n) or []]}
+                      for n, v in tps.items() if n != "hf_generate"}}
     print(json.dumps(out, indent=2))
 
 

@@ -102,7 +102,7 @@ def main() -> None:
     for threads in args.threads:
         torch.set_num_threads(threads)
         timer = _ModuleTimer(model)
-        packed = PackedLinears(model) if packing_available(model) else None
+        packed = PackedLinears(model, rows=min(args.ks[1:] or [5])) if packing_available(model) else None
         runner = TargetRunner(target, target.default_layer_ids(), packed=packed)
         samples: dict[str, list[dict[str, float]]] = defaultdict(list)
         with torch.inference_mode():
@@ -165,6 +165,7 @@ def main() -> None:
                     runner.keep(args.context, torch.zeros(0, dtype=torch.long))
         runner.close()
         timer.remove()
+        packed_ratios = packed.ratios if packed is not None else None
         packed = None
 
         table = {}
@@ -178,7 +179,9 @@ def main() -> None:
             table[name] = {k: round(v, 2) for k, v in med.items()}
         step = table["hf_decode_step"]["total"]
         ratios = {n: round(v["total"] / step, 3) for n, v in table.items() if n.startswith("verify")}
-        report["results"][f"threads={threads}"] = {"ms": table, "verify_over_hf_step": ratios}
+        report["results"][f"threads={threads}"] = {
+            "ms": table, "verify_over_hf_step": ratios,
+            "packed_over_plain_by_shape": {f"{o}x{i}": round(r, 2) for (o, i), r in (packed_ratios or {}).items()}}
     print(json.dumps(report, indent=2))
 
 

@@ -95,10 +95,10 @@ print("layer sets trained:", len(sets), "| lossless (T=0) on every timed prompt:
 # %% tags=["remove-input"]
 HTML(plots.html_table(
     table.timed, ["role", "layer_set", "layer_ids", "dataset", "draft_len_run", "min_confidence", "predicted_speedup",
-                  "tau", "speedup", "tokens_per_second", "hf_tokens_per_second", "lossless_prompts", "prompts"],
+                  "tau", "speedup", "speedup_lo", "speedup_hi", "tokens_per_second", "hf_tokens_per_second", "lossless_prompts", "prompts"],
     headers={"layer_set": "layer set", "layer_ids": "ids (vLLM)", "tau": "τ (timed runs)",
              "draft_len_run": "draft len (0 = plain)", "min_confidence": "threshold",
-             "predicted_speedup": "predicted",
+             "predicted_speedup": "predicted", "speedup_lo": "95% CI lo", "speedup_hi": "hi",
              "tokens_per_second": "tokens/s", "hf_tokens_per_second": "HF tokens/s", "lossless_prompts": "lossless",
              "prompts": "of"}, floatfmt=".3f"))
 
@@ -129,6 +129,9 @@ glue("best_diff_ci", f"{best['diff']:+.3f} ({best['diff_lo']:+.3f} to {best['dif
 glue("floor_tau", float(floor["tau"]), display=False)
 glue("default_speedup", min(float(r["speedup"]) for r in timed_default), display=False)
 glue("default_speedup_max", max(float(r["speedup"]) for r in timed_default), display=False)
+glue("default_speedup_ci", "; ".join(
+    f"{r['dataset']} {float(r['speedup']):.2f}x" + (f" (95% CI {float(r['speedup_lo']):.2f}–{float(r['speedup_hi']):.2f})"
+                                                  if r["speedup_lo"] != "" else "") for r in timed_default), display=False)
 glue("bench_prompts", settings.bench["n_prompts"], display=False)
 glue("bench_tokens", settings.bench["max_new_tokens"], display=False)
 glue("timed_setting", table.timed_setting, display=False)
@@ -158,7 +161,8 @@ glue("n_runs", sum(int(r["prompts"] or 0) for r in table.timed), display=False)
 #
 # In timed decoding ({glue:text}`bench_prompts` prompts per benchmark, up to {glue:text}`bench_tokens`
 # new tokens) the default set runs at {glue:text}`default_speedup:.2f`–{glue:text}`default_speedup_max:.2f`x
-# the speed of HF greedy `generate` on this machine; speculative output was token-identical to HF
+# the speed of HF greedy `generate` on this machine ({glue:text}`default_speedup_ci`; intervals
+# resample prompts, paired with HF greedy on the same prompt); speculative output was token-identical to HF
 # greedy decoding in {glue:text}`n_lossless` of {glue:text}`n_runs` prompt runs. {glue:text}`timed_setting`
 #
 # ```{glue:figure} fig_curve

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 
+import numpy as np
 import pytest
 
 from wavesurf.bench import (
@@ -93,3 +94,20 @@ def test_cli_bench_with_a_saved_drafter(smollm, tmp_cache, tmp_path, capsys):
     assert set(out["methods"]) == {"hf_generate", "eagle3"} and out["methods"]["eagle3"]["lossless"] == "1/1"
     assert (tmp_cache / "results" / "bench" / out["key"] / "rows.csv").is_file()
     assert out["settings"]["drafter"] != head_fingerprint(untrained_head(smollm))  # the weights file's sha256
+
+
+def test_speedup_interval_is_paired_over_prompts_and_covers_the_estimate():
+    from wavesurf.bench import speedup_interval
+
+    rng = np.random.default_rng(1)
+    hf = rng.uniform(5, 50, size=12)  # prompts differ a lot in speed ...
+    rows = [{"prompt_id": f"p{i}", "method": "hf_generate", "tokens_per_second": v} for i, v in enumerate(hf)]
+    exact = rows + [{"prompt_id": f"p{i}", "method": "eagle3", "tokens_per_second": 2 * v} for i, v in enumerate(hf)]
+    lo, hi = speedup_interval(exact, "eagle3")
+    assert lo == pytest.approx(2.0) and hi == pytest.approx(2.0)  # ... but pairing removes that spread
+    noisy = rows + [{"prompt_id": f"p{i}", "method": "eagle3", "tokens_per_second": v * rng.uniform(0.8, 1.4)}
+                    for i, v in enumerate(hf)]
+    lo, hi = speedup_interval(noisy, "eagle3")
+    point = sum(r["tokens_per_second"] for r in noisy[12:]) / hf.sum()
+    assert lo < point < hi and hi - lo < 0.5
+    assert speedup_interval(noisy[:1] + noisy[12:13], "eagle3") is None

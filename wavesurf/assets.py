@@ -181,6 +181,14 @@ def _gguf_source(spec: EmbeddedModel, workdir: Path) -> Path:
     return path
 
 
+def embedded_gguf(name: str, workdir: Path) -> Path:
+    """Path of embedded model ``name``'s shipped GGUF file (Gemma-3's is assembled in ``workdir``
+    from its chunk packages), e.g. to run the same file in llama.cpp (``benchmarks/anchors.py``)."""
+    if name not in EMBEDDED_MODELS:
+        raise MissingAssetError(f"model={name!r} is not an embedded model; use one of {sorted(EMBEDDED_MODELS)}")
+    return _gguf_source(EMBEDDED_MODELS[name], workdir)
+
+
 def _expected_info(spec: EmbeddedModel) -> dict:
     import transformers
 

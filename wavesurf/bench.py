@@ -292,6 +292,25 @@ def run_bench(
     return result
 
 
+def speedup_interval(rows: list[dict], method: str, *, level: float = 0.95, n_boot: int = 2000,
+                     seed: int = 0) -> tuple[float, float] | None:
+    """Percentile bootstrap interval of ``method``'s speedup (mean tokens/s over mean tokens/s of
+    ``hf_generate``), resampling prompts with both methods' timings of a prompt kept together, so
+    prompt-to-prompt differences in length and content do not widen it. None below 2 prompts."""
+    import numpy as np
+
+    ref = {r["prompt_id"]: float(r["tokens_per_second"]) for r in rows if r["method"] == "hf_generate"}
+    pairs = [(float(r["tokens_per_second"]), ref[r["prompt_id"]]) for r in rows
+             if r["method"] == method and r["prompt_id"] in ref]
+    if len(pairs) < 2:
+        return None
+    a = np.array(pairs)
+    idx = np.random.default_rng(seed).integers(0, len(a), size=(n_boot, len(a)))
+    ratios = a[idx, 0].mean(axis=1) / a[idx, 1].mean(axis=1)
+    tail = (1 - level) / 2 * 100
+    return float(np.percentile(ratios, tail)), float(np.percentile(ratios, 100 - tail))
+
+
 def summarize(rows: list[dict], settings: dict) -> dict:
     """Per method: mean tokens/s, speedup against HF greedy, pooled tau, lossless count."""
     by: dict[str, list[dict]] = {}
@@ -311,6 +330,9 @@ def summarize(rows: list[dict], settings: dict) -> dict:
             "tau": round(after / fwd, 4) if fwd > 0 else None,
             "mean_tau_per_prompt": round(sum(float(r["tau"]) for r in rs) / len(rs), 4),
         }
+        if m != "hf_generate" and ref:
+            ci = speedup_interval(rows, m)
+            entry["speedup_ci95"] = [round(ci[0], 4), round(ci[1], 4)] if ci else None
         if settings.get("temperature", 0) == 0:
             entry["lossless"] = f"{sum(1 for r in rs if r['lossless'] is True)}/{len(rs)}"
         if m == "eagle3":
@@ -319,6 +341,7 @@ def summarize(rows: list[dict], settings: dict) -> dict:
     return {"settings": settings, "methods": methods,
             "definitions": {"tau": "tokens after each prompt's first / target forwards after the prefill (pooled)",
                             "speedup": "mean tokens/s of the method / mean tokens/s of hf_generate",
+                            "speedup_ci95": "95% percentile bootstrap over prompts, paired with hf_generate",
                             "lossless": "output token-identical to hf_generate (T=0 only)"}}
 
 

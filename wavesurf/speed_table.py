@@ -417,6 +417,8 @@ def _timed_rows(target: Any, chosen: Sequence[tuple[str, LayerSet, str]], settin
             same, _, total = lossless.partition("/")
             rows.append({"role": label, "layer_set": s.name, "layer_ids": " ".join(map(str, s.layer_ids)),
                          "dataset": ds, "tau": spec["tau"], "speedup": spec["speedup"],
+                         "speedup_lo": (spec.get("speedup_ci95") or ["", ""])[0],
+                         "speedup_hi": (spec.get("speedup_ci95") or ["", ""])[1],
                          "tokens_per_second": spec["mean_tokens_per_second"],
                          "hf_tokens_per_second": ref["mean_tokens_per_second"],
                          "lossless_prompts": int(same) if same.isdigit() else "",

@@ -122,7 +122,7 @@ def test_confidence_threshold_is_lossless_and_cuts_drafts(smollm, prompt):
 def test_packed_verify_matches_plain_kernels_and_restores_the_model(smollm):
     if not packing_available(smollm.model):
         pytest.skip("this PyTorch has no oneDNN linear")
-    packed = PackedLinears(smollm.model)
+    packed = PackedLinears(smollm.model, rows=10, select="all")
     ctx = torch.arange(100, 140)
     logits = {}
     for name, p in (("plain", None), ("packed", packed)):
@@ -153,3 +153,16 @@ def test_measure_costs_and_tune_on_the_real_model(smollm, prompt):
     assert out.tokens == ref
     cycles = calibration_cycles([out]) if not setting.plain else []
     assert all(len(s) <= 2 for s, _ in cycles)
+
+
+def test_packed_shapes_are_chosen_by_measurement_and_bad_settings_refused(smollm):
+    if not packing_available(smollm.model):
+        pytest.skip("this PyTorch has no oneDNN linear")
+    packed = PackedLinears(smollm.model, rows=5, repeats=3)
+    shapes = {tuple(m.weight.shape) for m in smollm.model.modules() if type(m) is torch.nn.Linear}
+    assert set(packed.ratios) == shapes and all(r > 0 for r in packed.ratios.values())
+    assert {tuple(m.weight.shape) for m in packed.weights} == {s for s, r in packed.ratios.items() if r <= 0.95}
+    assert packed.threads == torch.get_num_threads() and packed.rows == 5
+    for bad, word in (({"rows": 1}, "rows=1"), ({"rows": True}, "rows=True"), ({"select": "some"}, "select='some'")):
+        with pytest.raises(DecodeError, match=word):
+            PackedLinears(smollm.model, **bad)

@@ -72,10 +72,13 @@ def check_confidence(min_confidence: Any) -> None:
 _PACKED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def _packed_for(model: Any) -> PackedLinears:
-    """One packed copy per target model, shared by every decoder built on it."""
-    if model not in _PACKED:
-        _PACKED[model] = PackedLinears(model)
+def _packed_for(model: Any, rows: int) -> PackedLinears:
+    """One packed copy per target model, shared by every decoder built on it; rebuilt (and its
+    shapes re-measured) when the thread count or the verify width changes."""
+    have = _PACKED.get(model)
+    if have is None or have.threads != torch.get_num_threads() or have.rows != rows:
+        _PACKED.pop(model, None)
+        _PACKED[model] = PackedLinears(model, rows=rows)
     return _PACKED[model]
 
 
@@ -108,7 +111,7 @@ class SpeculativeDecoder:
         self.eos = eos_ids(target)
         if packed is None:
             packed = packing_available(target.model)
-        self.packed = _packed_for(target.model) if packed else None
+        self.packed = _packed_for(target.model, max(2, self.tree.total_tokens + 1)) if packed else None
 
     # ---- draft side ---------------------------------------------------------------------------
     def _draft_extend(self, feats: torch.Tensor, next_tokens: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Tensor]:
