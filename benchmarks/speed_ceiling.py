@@ -16,7 +16,7 @@ import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-SHAPES = {"chain2": ("chain", 2, 0, 0, 0), "chain4": ("chain", 4, 0, 0, 0), "chain6": ("chain", 6, 0, 0, 0),
+SHAPES = {"chain2": ("chain", 2, 0, 0, 0), "chain3": ("chain", 3, 0, 0, 0), "chain4": ("chain", 4, 0, 0, 0), "chain6": ("chain", 6, 0, 0, 0),
           "tree4x2x8": ("tree", 0, 4, 2, 8), "tree6x3x16": ("tree", 0, 6, 3, 16)}
 
 

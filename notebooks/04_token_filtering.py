@@ -32,21 +32,17 @@ profile = "default"  # smoke | default | long | paper
 seed = 0  # random control subsets and minibatch shuffling
 device = "auto"  # auto, cpu, cuda, cuda:N
 
-# %% tags=["hide-input"]
-# Check the parameters first: a wrong type or value stops here with a clear message.
+# %% tags=["hide-input", "hide-output"]
+# Check the parameters first (a wrong type or value stops here with a clear message), then load the target.
 import matplotlib.pyplot as plt
 import numpy as np
 from myst_nb import glue
 
 import wavesurf as ws
 from wavesurf import paper, plots
+from wavesurf.notebook import open_notebook
 
-P = paper.check_parameters(model, dataset, max_tokens, profile, seed, device)
-ws.models.configure_torch()  # WAVESURF_THREADS, TF32 off
-plots.use_style()
-
-# %% tags=["hide-output"]
-target = ws.load_target(P.model, device=P.device)
+P, target = open_notebook(model, dataset, max_tokens, profile, seed, device)
 
 # %%
 # NBVAL_CHECK_OUTPUT

@@ -40,7 +40,7 @@ def test_notebook_structure(spec):
     assert len(tagged) == 1, f"{spec.stem}: exactly one cell tagged 'parameters', found {len(tagged)}"
     names = {t.id for node in ast.parse(cells[tagged[0]].source).body for t in getattr(node, "targets", [])}
     assert REQUIRED <= names, f"{spec.stem}: the parameters cell needs {sorted(REQUIRED - names)}"
-    assert "paper.check_parameters(model, dataset, max_tokens, profile, seed, device)" in cells[tagged[0] + 1].source
+    assert "open_notebook(model, dataset, max_tokens, profile, seed, device)" in cells[tagged[0] + 1].source
     code = "\n".join(c.source for c in cells if c.cell_type == "code")
     assert "# NBVAL_CHECK_OUTPUT" in code
     assert "glue(" in code

@@ -286,3 +286,23 @@ def test_estimate_remaining_prefers_previous_run_then_reference(monkeypatch):
     assert "default model" in estimate_remaining(["06_b"], {}, "default", "gemma3-270m")
     assert estimate_remaining(["06_b", "07_c"], {}, "default", "smollm2-135m").endswith("+ unknown for 07_c")
     assert estimate_remaining(["07_c"], {}, "default", "smollm2-135m").startswith("unknown")
+
+
+def test_answer_template_lines_become_glue_references_and_bad_lines_are_refused(tmp_path):
+    from wavesurf.errors import ReproduceError
+    from wavesurf.reproduce import ANSWER_TEMPLATE, read_answer_template, repo_root
+
+    shipped = read_answer_template(repo_root() / "book")
+    assert [stem for stem, _ in shipped["lines"]][:2] == ["01_entropy_compartments", "03_aggregate_entropy"]
+    assert "{model}" in shipped["figure"]
+    (tmp_path / ANSWER_TEMPLATE).parent.mkdir(parents=True)
+    (tmp_path / ANSWER_TEMPLATE).write_text("# comment\n05_layer_selection: picks [[ids]] ([[gain:+.3f]])\n")
+    from wavesurf.reproduce import _fill
+    text = _fill(read_answer_template(tmp_path)["lines"][0][1], "m", "05_layer_selection")
+    assert text == ("picks {glue:text}`results/m/05_layer_selection.ipynb::ids:s` "
+                    "({glue:text}`results/m/05_layer_selection.ipynb::gain:+.3f`)")
+    (tmp_path / ANSWER_TEMPLATE).write_text("no separator here\n")
+    with pytest.raises(ReproduceError, match="is not '<notebook stem>: <text>'"):
+        read_answer_template(tmp_path)
+    (tmp_path / ANSWER_TEMPLATE).unlink()
+    assert read_answer_template(tmp_path) == shipped  # a book without its own template uses wavesurf's

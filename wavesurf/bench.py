@@ -173,6 +173,7 @@ def run_bench(
     progress: bool = True,
     drafter_id: str | None = None,
     n_calibration: int = 2,
+    tree: Any = None,
 ) -> BenchResult:
     """Benchmark ``head`` on ``target`` over ``n_prompts`` prompts of ``dataset``; see the module
     docstring for the definitions. Returns tidy rows (one per prompt x method) and a summary.
@@ -180,7 +181,9 @@ def run_bench(
     ``mode="auto"``: the chain length (up to ``draft_len``, 0 = plain decoding) and the confidence
     threshold are chosen by :func:`wavesurf.drafter.adaptive.tune` from costs measured here and
     ``n_calibration`` further prompts of the dataset (not benchmarked); the choice, its predicted
-    speedup and the cost model go into the summary."""
+    speedup and the cost model go into the summary. ``tree``: a
+    :class:`~wavesurf.drafter.tree.TreeSpec` to decode with, instead of ``mode``/``draft_len``/
+    ``depth``/``top_k``/``total_tokens``."""
     import torch
     from tqdm.auto import tqdm
 
@@ -200,7 +203,16 @@ def run_bench(
     auto = mode == "auto"
     if auto and not is_int(n_calibration, 1):
         raise BenchError(f"n_calibration={n_calibration!r} must be a positive integer (prompts tuned on in mode 'auto')")
-    tree = make_tree("chain" if auto else mode, draft_len=draft_len, depth=depth, top_k=top_k, total_tokens=total_tokens)
+    if tree is not None:
+        from .drafter.tree import TreeSpec
+
+        if not isinstance(tree, TreeSpec):
+            raise BenchError(f"tree={tree!r} must be a TreeSpec (TreeSpec.chain(4), make_tree('tree', ...)) or None")
+        if auto:
+            raise BenchError("tree=... and mode='auto' exclude each other: 'auto' chooses a chain length up to draft_len")
+    else:
+        tree = make_tree("chain" if auto else mode, draft_len=draft_len, depth=depth, top_k=top_k,
+                         total_tokens=total_tokens)
     settings = {
         "model": target.name, "drafter": drafter_id or head_fingerprint(head), "dataset": dataset,
         "split": "heldout" if dataset == "sharegpt" else None, "split_seed": split_seed, "n_prompts": n_prompts,

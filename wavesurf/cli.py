@@ -212,11 +212,9 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from accelerate import PartialState
-
     from .data import base_corpus
-    from .drafter.features import FeatureSettings, build_feature_store
-    from .drafter.train import TrainSettings, train_drafter
+    from .drafter.features import FeatureSettings
+    from .drafter.train import TrainSettings, train_from_features
 
     settings = TrainSettings(
         ttt_steps=args.ttt_steps, lr=args.lr, warmup_steps=args.warmup_steps, schedule=args.schedule,
@@ -240,11 +238,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         dataset=dataset, split="train" if base_corpus(dataset) == "sharegpt" else None, split_seed=args.split_seed,
         max_tokens=args.max_train_tokens, max_len=args.max_len, dtype=args.store_dtype,
         layer_ids=None if args.store_layers == "all" else layers)
-    state = PartialState(cpu=str(target.device) == "cpu")  # the same process group train_drafter's Accelerator joins
-    with state.main_process_first():  # under `accelerate launch` one process builds, the others read
-        store = build_feature_store(target, features, progress=not args.quiet and state.is_main_process)
-    result = train_drafter(target, store, layers, settings, args.out, resume=not args.no_resume,
-                           progress=not args.quiet)
+    result, store, state = train_from_features(target, features, layers, settings, args.out,
+                                               resume=not args.no_resume, progress=not args.quiet)
     if state.is_main_process:
         _print_json({**result.to_dict(), "model": target.name, "layer_convention": "vllm",
                      "feature_store": store.describe(), "num_processes": state.num_processes})
@@ -317,15 +312,28 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_model_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=DEFAULT_MODEL,
+                   help=f"embedded name ({', '.join(EMBEDDED_MODELS)}), local directory or HF id (default {DEFAULT_MODEL})")
+
+
+def _add_split_seed_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--split-seed", type=int, default=0, help="seed of the ShareGPT train/stats/heldout split (default 0)")
+
+
+def _add_device_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--device", default="auto", help="auto (CUDA if present), cpu, cuda, cuda:N")
+
+
 def _add_analysis_options(p: argparse.ArgumentParser) -> None:
     from .stats.filtering import FILTER_HELP
 
-    p.add_argument("--model", default=DEFAULT_MODEL, help=f"embedded name, local directory or HF id (default {DEFAULT_MODEL})")
+    _add_model_option(p)
     p.add_argument("--dataset", default="sharegpt", help=f"{', '.join(CORPUS_ASSETS)}, a .jsonl path, or <corpus>@<model> "
                                                         "from `wavesurf distill` (default sharegpt)")
     p.add_argument("--split", default=None, choices=["train", "stats", "heldout", "none"],
                    help="ShareGPT split (default: stats for sharegpt; 'none' = the whole corpus)")
-    p.add_argument("--split-seed", type=int, default=0, help="seed of the ShareGPT split (default 0)")
+    _add_split_seed_option(p)
     p.add_argument("--max-tokens", type=_positive_int, default=100_000, help="tokens fed to the model (default 100000)")
     p.add_argument("--max-len", type=_positive_int, default=512, help="truncate examples to this many tokens (default 512)")
     p.add_argument("--batch-tokens", type=_positive_int, default=4096, help="padded tokens per forward pass (default 4096)")
@@ -354,7 +362,7 @@ def _load_target(args: argparse.Namespace, device: str | None = None):
 
 def _add_runtime_options(p: argparse.ArgumentParser) -> None:
     """--device, --model-dtype, --allow-download and --quiet, shared by every verb that loads a model."""
-    p.add_argument("--device", default="auto", help="auto (CUDA if present), cpu, cuda, cuda:N")
+    _add_device_option(p)
     p.add_argument("--model-dtype", default=None, choices=["float32", "bfloat16", "float16"],
                    help="weights of the target (default float32; bfloat16/float16 on GPU only, e.g. for an 8B target)")
     p.add_argument("--allow-download", action="store_true",
@@ -378,17 +386,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("datasets", help="list the packaged corpora and their sizes", description="List the packaged corpora with their sizes and the ShareGPT split sizes.")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    p.add_argument("--split-seed", type=int, default=0, help="seed of the ShareGPT train/stats/heldout split (default 0)")
+    _add_split_seed_option(p)
     p.set_defaults(func=cmd_datasets)
 
     p = sub.add_parser("capture", help="run the target over a corpus and capture hidden states",
                        description="Run the target once over --max-tokens tokens of a corpus, compute every "
                                    "position's next-token entropy, optionally write layers to --out as safetensors "
                                    "shards with a manifest, and print a JSON summary.")
-    p.add_argument("--model", default=DEFAULT_MODEL, help=f"embedded name ({', '.join(EMBEDDED_MODELS)}), local directory or HF id (default {DEFAULT_MODEL})")
+    _add_model_option(p)
     p.add_argument("--dataset", default="sharegpt", help=f"{', '.join(CORPUS_ASSETS)} or a .jsonl path (default sharegpt)")
     p.add_argument("--split", choices=["train", "stats", "heldout"], default=None, help="ShareGPT split (default: whole corpus)")
-    p.add_argument("--split-seed", type=int, default=0, help="seed of the ShareGPT split (default 0)")
+    _add_split_seed_option(p)
     p.add_argument("--max-tokens", type=_positive_int, required=True, help="number of real tokens to feed the model")
     p.add_argument("--max-len", type=_positive_int, default=512, help="truncate each example to this many tokens (default 512)")
     p.add_argument("--batch-tokens", type=_positive_int, default=4096, help="padded tokens per forward pass (default 4096)")
@@ -436,11 +444,11 @@ def build_parser() -> argparse.ArgumentParser:
                                    "conversations, corpus order). Cached and resumable; afterwards the dataset name "
                                    "<corpus>@<model> (e.g. sharegpt@smollm2-135m) works wherever a dataset is "
                                    "accepted, for that model only. Prints a JSON summary.")
-    p.add_argument("--model", default=DEFAULT_MODEL, help=f"embedded name, local directory or HF id (default {DEFAULT_MODEL})")
+    _add_model_option(p)
     p.add_argument("--dataset", default="sharegpt", help=f"prompts: {', '.join(CORPUS_ASSETS)} or a .jsonl path (default sharegpt)")
     p.add_argument("--split", default=None, help="ShareGPT split: train, stats, heldout (default: train for sharegpt; "
                                                  "'none' or omitted for other corpora)")
-    p.add_argument("--split-seed", type=int, default=0, help="seed of the ShareGPT split (default 0)")
+    _add_split_seed_option(p)
     p.add_argument("--max-tokens", type=_positive_int, default=DEFAULT_MAX_TOKENS,
                    help=f"answer tokens to generate, EOS included (default {DEFAULT_MAX_TOKENS})")
     p.add_argument("--max-len", type=_positive_int, default=DEFAULT_MAX_LEN,
@@ -464,14 +472,14 @@ def build_parser() -> argparse.ArgumentParser:
                                    "--profile into book/results/<model>/ (swapped in only when every notebook "
                                    "succeeded), then build the book with jupyter-book (warnings are errors). "
                                    "Statistics come from the results cache when present.")
-    p.add_argument("--model", default=DEFAULT_MODEL, help=f"embedded name, local directory or HF id (default {DEFAULT_MODEL})")
+    _add_model_option(p)
     p.add_argument("--profile", default="default",
                    help="; ".join(f"{k}: {v['description']}" for k, v in PROFILES.items()) + " (default: default)")
     p.add_argument("--only", default=None, help="comma-separated notebook numbers or names, e.g. 01,03 (default: all)")
     p.add_argument("--dataset", default="sharegpt", help=f"{', '.join(CORPUS_ASSETS)} or a .jsonl path (default sharegpt)")
     p.add_argument("--max-tokens", type=_positive_int, default=None, help="override the profile's analysis token budget")
     p.add_argument("--seed", type=int, default=0, help="seed of random controls and shuffling (default 0)")
-    p.add_argument("--device", default="auto", help="auto (CUDA if present), cpu, cuda, cuda:N")
+    _add_device_option(p)
     p.add_argument("--no-build", action="store_true", help="run the notebooks but do not build the book")
     p.add_argument("--quiet", action="store_true", help="no per-cell progress bars")
     p.set_defaults(func=cmd_reproduce)
@@ -509,14 +517,14 @@ def build_parser() -> argparse.ArgumentParser:
                                    "weight 0.8^j) over a --draft-vocab most-frequent-token vocabulary. Checkpoints "
                                    "let an interrupted run resume. Data parallel: `accelerate launch "
                                    "--num_processes P -m wavesurf.cli train ...`. Prints a JSON summary.")
-    p.add_argument("--model", default=DEFAULT_MODEL, help=f"embedded name, local directory or HF id (default {DEFAULT_MODEL})")
+    _add_model_option(p)
     p.add_argument("--layers", type=_layer_list, required=True,
                    help="vLLM layer ids the drafter reads, e.g. 2,15,27 (from `wavesurf select`), or 'default' = [2, N//2, N-3]")
     p.add_argument("--dataset", default=None,
                    help="training corpus: sharegpt@<model> (the target's own answers to the ShareGPT train split, made "
                         "by `wavesurf distill`; what EAGLE-3 trains on), sharegpt (GPT-3.5's answers), or a .jsonl "
                         "path (default sharegpt@<model>)")
-    p.add_argument("--split-seed", type=int, default=0, help="seed of the ShareGPT split (default 0)")
+    _add_split_seed_option(p)
     p.add_argument("--max-train-tokens", type=_positive_int, default=None,
                    help="training-split tokens captured into the feature store (default: the whole corpus, each "
                         "example cut at --max-len)")
@@ -556,7 +564,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "token counted); speedup = mean tokens/s / mean tokens/s of HF greedy; at T=0 each "
                                    "output is checked against HF greedy (lossless). Writes rows.csv + summary.json to "
                                    "the results cache and prints the summary.")
-    p.add_argument("--model", default=DEFAULT_MODEL, help=f"embedded name, local directory or HF id (default {DEFAULT_MODEL})")
+    _add_model_option(p)
     p.add_argument("--drafter", required=True,
                    help="drafter directory (from `wavesurf train`), or 'untrained' for a smoke run (tau ~ 1)")
     p.add_argument("--dataset", choices=["mt-bench", "humaneval", "sharegpt"], default="mt-bench",

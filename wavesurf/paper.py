@@ -8,59 +8,19 @@ import itertools
 import json
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from .cache import write_rows_csv
-from .errors import ParameterError, WavesurfError, is_int
-from .profiles import get_profile
+from .errors import ParameterError, WavesurfError
+from .notebook import NotebookParams, check_parameters  # noqa: F401  (re-exported: notebooks' old entry)
 
 #: Keep captured batches in memory to feed several analyses from one forward pass when their
 #: hidden states (all layers, float32, padding included) take at most this many bytes.
 SHARED_CAPTURE_MAX_BYTES = 6 * 2**30
-DEVICES_HELP = "'auto', 'cpu', 'cuda' or 'cuda:N'"
-
-
-
-@dataclass(frozen=True)
-class NotebookParams:
-    """The checked parameters every notebook takes (papermill ``parameters`` cell)."""
-
-    model: str
-    dataset: str
-    max_tokens: int | None  # None = the profile's analysis budget
-    profile: str
-    seed: int
-    device: str
-
-    @property
-    def profile_dict(self) -> dict[str, Any]:
-        return get_profile(self.profile)
-
-
-def check_parameters(model: Any, dataset: Any, max_tokens: Any, profile: Any, seed: Any, device: Any) -> NotebookParams:
-    """Check notebook parameters; a wrong type or value raises :class:`ParameterError` naming it."""
-    from .assets import CORPUS_ASSETS
-
-    def bad(name: str, value: Any, allowed: str) -> ParameterError:
-        return ParameterError(f"parameter {name}={value!r} is not allowed: {allowed}")
-
-    if not isinstance(model, str) or not model.strip():
-        raise bad("model", model, "a non-empty string (embedded name, local directory or HF id)")
-    if not isinstance(dataset, str) or not (dataset in CORPUS_ASSETS or dataset.endswith(".jsonl")):
-        raise bad("dataset", dataset, f"one of {', '.join(CORPUS_ASSETS)} or a path ending in .jsonl")
-    if max_tokens is not None and not is_int(max_tokens, 1):
-        raise bad("max_tokens", max_tokens, "None (the profile's budget) or a positive integer")
-    get_profile(profile)  # raises with the list of profiles
-    if not is_int(seed, 0):
-        raise bad("seed", seed, "an integer >= 0")
-    if not isinstance(device, str) or not (device in ("auto", "cpu", "cuda") or
-                                           (device.startswith("cuda:") and device[5:].isdigit())):
-        raise bad("device", device, DEVICES_HELP)
-    return NotebookParams(model.strip(), dataset, max_tokens, profile, seed, device)
 
 
 # ---------------------------------------------------------------------------------------------

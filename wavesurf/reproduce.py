@@ -347,6 +347,41 @@ def build_book(book: Path, say: Callable[[str], None] = print) -> Path:
     return book / "_build" / "html" / "index.html"
 
 
+ANSWER_TEMPLATE = Path("templates") / "answer.md.tpl"
+
+
+def read_answer_template(book: Path) -> dict[str, Any]:
+    """The introduction's prose, kept in the book (``book/templates/answer.md.tpl``; a book
+    without one uses wavesurf's own): one ``(notebook stem, text)`` line per notebook and the key
+    figure's caption."""
+    path = book / ANSWER_TEMPLATE
+    if not path.is_file():
+        path = repo_root() / "book" / ANSWER_TEMPLATE
+    if not path.is_file():
+        raise ReproduceError(f"{book / ANSWER_TEMPLATE} is missing: the introduction's prose lives there")
+    lines, figure = [], ""
+    for raw in path.read_text().splitlines():
+        if not raw.strip() or raw.startswith("#"):
+            continue
+        head, sep, text = raw.partition(": ")
+        if not sep:
+            raise ReproduceError(f"{path}: line {raw[:60]!r} is not '<notebook stem>: <text>' or 'figure: <caption>'")
+        if head == "figure":
+            figure = text
+        else:
+            lines.append((head, text))
+    return {"lines": lines, "figure": figure}
+
+
+def _fill(text: str, model: str, stem: str) -> str:
+    """Replace ``[[key]]`` / ``[[key:fmt]]`` with a MyST glue reference into ``model``'s page ``stem``."""
+    def ref(match: re.Match) -> str:
+        key, _, fmt = match.group(1).partition(":")
+        return f"{{glue:text}}`results/{model}/{stem}.ipynb::{key}:{fmt or 's'}`"
+
+    return re.sub(r"\[\[([^\]]+)\]\]", ref, text)
+
+
 def write_generated(book: Path, primary: str | None = None) -> None:
     """``book/generated/answer.md`` (the introduction's numbers, glued from each model's pages)
     and ``timings.md`` (time per notebook, from each run.json)."""
@@ -357,6 +392,7 @@ def write_generated(book: Path, primary: str | None = None) -> None:
     if primary in models:
         models.remove(primary)
         models.insert(0, primary)
+    template = read_answer_template(book) if models else {"lines": [], "figure": ""}
     parts = []
     figure_done = False
     for m in models:
@@ -364,46 +400,12 @@ def write_generated(book: Path, primary: str | None = None) -> None:
         have = {p.stem for p in d.glob("*.ipynb")}
         info = json.loads((d / "run.json").read_text())
 
-        def g(stem: str, key: str, fmt: str = "s") -> str:
-            return f"{{glue:text}}`results/{m}/{stem}.ipynb::{key}:{fmt}`"
-
         lines = [f"### {info['model']} (profile `{info['profile']}`)", ""]
-        if "01_entropy_compartments" in have:
-            nb = "01_entropy_compartments"
-            lines.append(f"- **Compartments.** CKA splits the depth into {g(nb, 'n_compartments', 'd')} compartments "
-                         f"({g(nb, 'compartments')}); the most informative layer is id {g(nb, 's1_max_layer', 'd')} "
-                         f"(S₁ = {g(nb, 's1_max', '.2f')} nats) on {g(nb, 'n_tokens')} positions.")
-        if "03_aggregate_entropy" in have:
-            nb = "03_aggregate_entropy"
-            lines.append(f"- **The default rule** {g(nb, 'default_ids')} ranks {g(nb, 'default_rank', 'd')} of "
-                         f"{g(nb, 'n_sets')} three-layer sets by aggregate entropy (S₂ = {g(nb, 'default_s2', '.3f')} "
-                         f"nats; best {g(nb, 'best_ids')}, {g(nb, 'best_s2', '.3f')} nats).")
-        if "04_token_filtering" in have:
-            nb = "04_token_filtering"
-            lines.append(f"- **Token-entropy filtering** ({g(nb, 'filter')}) keeps {g(nb, 'kept_percent', '.1f')} % "
-                         f"of positions; the combined selection picks {g(nb, 'sel_filtered')} on them and "
-                         f"{g(nb, 'sel_random')} on a random subset of the same size.")
-        if "05_layer_selection" in have:
-            nb = "05_layer_selection"
-            lines.append(f"- **Selection.** {g(nb, 'n_differ', 'd')} of {g(nb, 'n_methods', 'd')} methods move away "
-                         f"from the default; aggregate entropy picks {g(nb, 'ids_aggregate')}, the combined score "
-                         f"{g(nb, 'ids_combined')} (largest S₂ gain over the default "
-                         f"{g(nb, 'best_gain', '+.3f')} nats, {g(nb, 'best_method')}).")
-        if "06_speed_table" in have:
-            nb = "06_speed_table"
-            lines.append(f"- **Drafters.** {g(nb, 'verdict')} Default set τ = {g(nb, 'default_tau', '.3f')} "
-                         f"({g(nb, 'default_tau_ci')}) against a bigram floor of {g(nb, 'floor_tau', '.3f')}; "
-                         f"{g(nb, 'n_drafters', 'd')} EAGLE-3 heads, each trained on {g(nb, 'train_tokens')} tokens "
-                         f"of the target's own answers. Timed, the default set runs at "
-                         f"{g(nb, 'default_speedup', '.2f')}–{g(nb, 'default_speedup_max', '.2f')}x HF greedy "
-                         f"`generate`; lossless in {g(nb, 'n_lossless', 'd')} of {g(nb, 'n_runs', 'd')} runs.")
+        lines += [_fill(text, m, stem) for stem, text in template["lines"] if stem in have]
         fig = d / "figures" / "01_entropy_depth.png"
         if not figure_done and fig.exists():
             lines += ["", f"```{{figure}} results/{m}/figures/01_entropy_depth.png", ":name: fig-key-entropy",
-                      ":width: 100%", "",
-                      f"Matrix entropy across depth of {info['model']} (α = 1 top, α = 2 bottom; nats left, "
-                      "normalised right), CKA compartments shaded, default EAGLE-3 layers dotted. "
-                      "Details in the results chapter.", "```"]
+                      ":width: 100%", "", template["figure"].replace("{model}", info["model"]), "```"]
             figure_done = True
         parts.append("\n".join(lines))
     if not parts:

@@ -97,6 +97,10 @@ def test_decoder_refusals_before_model_work(smollm):
         run_bench(smollm, head, "mt-bench", n_prompts=1, mode="auto", n_calibration=0, use_cache=False)
     with pytest.raises(DecodeError, match="mode"):
         run_bench(smollm, head, "mt-bench", n_prompts=1, mode="adaptive", use_cache=False)
+    with pytest.raises(BenchError, match="exclude each other"):
+        run_bench(smollm, head, "mt-bench", n_prompts=1, mode="auto", tree=TreeSpec.chain(2), use_cache=False)
+    with pytest.raises(BenchError, match="must be a TreeSpec"):
+        run_bench(smollm, head, "mt-bench", n_prompts=1, tree="chain", use_cache=False)
 
 
 @pytest.fixture(scope="module")
@@ -166,3 +170,28 @@ def test_packed_shapes_are_chosen_by_measurement_and_bad_settings_refused(smollm
     for bad, word in (({"rows": 1}, "rows=1"), ({"rows": True}, "rows=True"), ({"select": "some"}, "select='some'")):
         with pytest.raises(DecodeError, match=word):
             PackedLinears(smollm.model, **bad)
+
+
+def test_bench_auto_runs_an_untrained_head_as_plain_decoding(smollm):
+    """A head that accepts nothing is not worth drafting with: auto mode measures the costs, replays
+    the calibration prompt, chooses plain decoding, and stays lossless."""
+    run = run_bench(smollm, untrained_head(smollm), "mt-bench", n_prompts=1, max_new_tokens=12, mode="auto",
+                    draft_len=2, n_calibration=1, methods=["hf_generate", "eagle3"], use_cache=False, progress=False)
+    choice, measured = run.summary["adaptive"]["choice"], run.summary["adaptive"]["costs"]
+    assert choice["draft_len"] == 0  # plain decoding runs at our plain loop's measured speed
+    assert choice["predicted_speedup"] == pytest.approx(measured["hf_token_seconds"] / measured["plain_token_seconds"],
+                                                        rel=1e-3)
+    assert measured["model"] == smollm.name and len(measured["verify_seconds"]) == 3
+    assert all(s > 0 for s in measured["verify_seconds"]) and measured["draft_step_seconds"] > 0
+    spec = run.summary["methods"]["eagle3"]
+    assert spec["lossless"] == "1/1" and spec["speedup_ci95"] is None  # one prompt: no interval
+
+
+def test_bench_takes_a_tree_spec_as_the_shape_options_would_give_it(smollm):
+    head = untrained_head(smollm)
+    common = dict(n_prompts=1, max_new_tokens=4, methods=["hf_generate", "eagle3"], use_cache=False,
+                  progress=False, warmup=0)
+    by_spec = run_bench(smollm, head, "mt-bench", tree=TreeSpec.chain(2), **common)
+    by_options = run_bench(smollm, head, "mt-bench", mode="chain", draft_len=2, **common)
+    assert by_spec.summary["settings"] == by_options.summary["settings"]
+    assert by_spec.summary["methods"]["eagle3"]["lossless"] == "1/1"

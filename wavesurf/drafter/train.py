@@ -519,4 +519,22 @@ def settings_from_dict(data: dict[str, Any]) -> TrainSettings:
     return TrainSettings(**data)
 
 
-__all__ = ["TrainSettings", "TrainResult", "train_drafter", "ttt_forward", "ttt_masks", "lr_lambda", "SCHEDULES"]
+def train_from_features(target: Any, features: Any, layer_ids: Sequence[int], settings: TrainSettings,
+                        out_dir: str | Path | None = None, *, resume: bool = True,
+                        progress: bool = True) -> tuple[TrainResult, FeatureStore, Any]:
+    """Build (or reuse) the feature store and train, in one process or several: under
+    ``accelerate launch`` / ``torchrun`` the main process builds the store while the others wait,
+    then every process joins the same group in :func:`train_drafter`. Returns the result, the store
+    and accelerate's ``PartialState`` (``is_main_process``, ``num_processes``)."""
+    from accelerate import PartialState
+
+    from .features import build_feature_store
+
+    state = PartialState(cpu=str(target.device) == "cpu")  # the group train_drafter's Accelerator joins
+    with state.main_process_first():
+        store = build_feature_store(target, features, progress=progress and state.is_main_process)
+    result = train_drafter(target, store, layer_ids, settings, out_dir, resume=resume, progress=progress)
+    return result, store, state
+
+
+__all__ = ["TrainSettings", "TrainResult", "train_drafter", "train_from_features", "ttt_forward", "ttt_masks", "lr_lambda", "SCHEDULES"]
