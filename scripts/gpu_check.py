@@ -2,7 +2,8 @@
 capture + analyze a small corpus, build a small feature store, train a drafter for a few steps,
 and decode speculatively (a trained head and a head that always guesses right) against HF greedy
 ``generate`` on the same device. Prints one JSON line per step (seconds, what was checked) and a
-summary; exits 1 if a step failed. Everything goes into a temporary cache, nothing into yours.
+summary; exits 1 if a step failed. Everything goes into a temporary cache (removed at the end;
+the embedded model is dequantized into it once, ~25 s), nothing into yours.
 
     .venv/bin/python scripts/gpu_check.py                      # cuda, float32 and bfloat16
     .venv/bin/python scripts/gpu_check.py --device cpu --dtypes float32   # the same path on a CPU
@@ -120,4 +121,11 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    import shutil
+
+    try:
+        code = main()
+    finally:
+        if os.environ.get("WAVESURF_CACHE", "").startswith(tempfile.gettempdir()):
+            shutil.rmtree(os.environ["WAVESURF_CACHE"], ignore_errors=True)
+    sys.exit(code)
