@@ -13,26 +13,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
-import time
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
-
-def _time(fn, repeats: int) -> float:
-    fn()  # warm-up
-    out = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        out.append(time.perf_counter() - t0)
-    return statistics.median(out)
 
 
 def main() -> None:
     import torch
     from transformers import DynamicCache
 
+    from wavesurf.drafter.adaptive import median_seconds as _time
     from wavesurf.drafter.decode import TreeSpec, TargetRunner
     from wavesurf.drafter.head import DraftConfig, DraftHead, init_head
     from wavesurf.models import configure_torch, load_target

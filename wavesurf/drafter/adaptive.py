@@ -79,7 +79,8 @@ class CostModel:
         return d
 
 
-def _median_seconds(fn, repeats: int) -> float:
+def median_seconds(fn, repeats: int) -> float:
+    """Median wall time of ``fn()`` over ``repeats`` calls after one warm-up call."""
     fn()
     out = []
     for _ in range(repeats):
@@ -117,7 +118,7 @@ def measure_costs(target: Any, head: DraftHead, max_draft_len: int = 6, *, conte
                 runner.forward(ids, pos, None, verify=True)
                 runner.keep(context, torch.zeros(0, dtype=torch.long, device=dev))
 
-            verify.append(_median_seconds(one, repeats))
+            verify.append(median_seconds(one, repeats))
     finally:
         runner.close()
     cfg, h = head.config, head.config.hidden_size
@@ -125,7 +126,7 @@ def measure_costs(target: Any, head: DraftHead, max_draft_len: int = 6, *, conte
     hid = torch.randn(1, 1, h, generator=gen).to(dev, head.fc.weight.dtype)
     pos = torch.full((1, 1), context, device=dev)
     mask = torch.ones(1, 1, 1, context + 1, dtype=torch.bool, device=dev)
-    draft = _median_seconds(lambda: head.step(hid, hid, pos, mask, kv, kv), repeats)
+    draft = median_seconds(lambda: head.step(hid, hid, pos, mask, kv, kv), repeats)
     def per_token(fn) -> float:  # (time of n tokens - time of 1 token) / (n - 1), EOS-aware
         fn(ctx.tolist(), 1)
         firsts, laters = [], []
@@ -257,4 +258,4 @@ def adaptive_decoder(target: Any, head: DraftHead, setting: AdaptiveSetting) -> 
 
 
 __all__ = ["AdaptiveSetting", "CostModel", "DEFAULT_THRESHOLDS", "PlainDecoder", "adaptive_decoder",
-           "calibration_cycles", "choose_setting", "measure_costs", "tune"]
+           "calibration_cycles", "choose_setting", "measure_costs", "median_seconds", "tune"]
