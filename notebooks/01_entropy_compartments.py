@@ -36,6 +36,7 @@ from myst_nb import glue
 
 from wavesurf import paper, plots
 from wavesurf.notebook import open_notebook
+from wavesurf.stats import variants
 
 P, target = open_notebook(model, dataset, max_tokens, profile, seed, device)
 
@@ -45,7 +46,7 @@ print(f"{target.name}: N = {target.n_layers} blocks, d = {target.hidden_size}, "
       f"default EAGLE-3 layers (vLLM ids) {target.default_layer_ids()}")
 
 # %% tags=["hide-output"]
-stats = paper.profile_stats(target, P)  # every variant the statistics notebooks read, one capture
+stats = variants.profile_stats(target, P)  # every variant the statistics notebooks read, one capture
 base, pos0 = stats["base"], stats["position0"]
 cb, cp = paper.depth_curves(base), paper.depth_curves(pos0)
 ids = base.layer_ids

@@ -33,8 +33,9 @@ import matplotlib.pyplot as plt
 import numpy as np
 from myst_nb import glue
 
-from wavesurf import paper, plots
+from wavesurf import plots
 from wavesurf.notebook import open_notebook
+from wavesurf.stats import variants
 
 P, target = open_notebook(model, dataset, max_tokens, profile, seed, device)
 
@@ -44,7 +45,7 @@ print(f"{target.name}: N = {target.n_layers} blocks, d = {target.hidden_size}, "
       f"default EAGLE-3 layers (vLLM ids) {target.default_layer_ids()}")
 
 # %% tags=["hide-output"]
-base = paper.profile_stats(target, P, ["base"])["base"]
+base = variants.profile_stats(target, P, ["base"])["base"]
 ids = base.layer_ids
 from wavesurf.stats.cka import cka_to_last, neighbour_cka
 

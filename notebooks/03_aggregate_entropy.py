@@ -37,6 +37,7 @@ from myst_nb import glue
 import wavesurf as ws
 from wavesurf import paper, plots
 from wavesurf.notebook import open_notebook
+from wavesurf.stats import variants
 
 P, target = open_notebook(model, dataset, max_tokens, profile, seed, device)
 
@@ -46,7 +47,7 @@ print(f"{target.name}: N = {target.n_layers} blocks, d = {target.hidden_size}, "
       f"default EAGLE-3 layers (vLLM ids) {target.default_layer_ids()}")
 
 # %% tags=["hide-output"]
-stats = paper.profile_stats(target, P, ["selection"])["selection"]
+stats = variants.profile_stats(target, P, ["selection"])["selection"]
 ids = stats.layer_ids
 pair_s2 = paper.pair_matrix(stats)
 cand = [i for i in ids if i >= 1]  # drafter candidates: block outputs 1..N

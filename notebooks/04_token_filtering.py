@@ -41,6 +41,7 @@ from myst_nb import glue
 import wavesurf as ws
 from wavesurf import paper, plots
 from wavesurf.notebook import open_notebook
+from wavesurf.stats import variants
 
 P, target = open_notebook(model, dataset, max_tokens, profile, seed, device)
 
@@ -50,12 +51,12 @@ print(f"{target.name}: N = {target.n_layers} blocks, d = {target.hidden_size}, "
       f"default EAGLE-3 layers (vLLM ids) {target.default_layer_ids()}")
 
 # %% tags=["hide-output"]
-names = paper.sweep_variant_names(P)
-sweep = paper.profile_stats(target, P, names)
+names = variants.sweep_variant_names(P)
+sweep = variants.profile_stats(target, P, names)
 rows = paper.sweep_rows(sweep, method="combined")
 paper.write_csv(rows, "tables/04_token_filtering.csv")
-sel = paper.profile_stats(target, P, ["selection"])["selection"]
-ctrl = paper.control_view(sel)
+sel = variants.profile_stats(target, P, ["selection"])["selection"]
+ctrl = variants.control_view(sel)
 ids = sel.layer_ids
 
 # %% tags=["hide-input"]

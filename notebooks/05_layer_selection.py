@@ -34,6 +34,7 @@ from myst_nb import glue
 
 from wavesurf import paper, plots
 from wavesurf.notebook import open_notebook
+from wavesurf.stats import variants
 
 P, target = open_notebook(model, dataset, max_tokens, profile, seed, device)
 
@@ -43,7 +44,7 @@ print(f"{target.name}: N = {target.n_layers} blocks, d = {target.hidden_size}, "
       f"default EAGLE-3 layers (vLLM ids) {target.default_layer_ids()}")
 
 # %% tags=["hide-output"]
-stats = paper.profile_stats(target, P, ["selection"])["selection"]
+stats = variants.profile_stats(target, P, ["selection"])["selection"]
 rows = paper.selection_rows(stats, k=3)
 paper.write_csv(rows, "tables/05_layer_selection.csv")
 by = {r["method"]: r for r in rows}

@@ -33,6 +33,7 @@ from myst_nb import glue
 import wavesurf as ws
 from wavesurf import paper, plots
 from wavesurf.notebook import open_notebook
+from wavesurf.stats import variants
 
 P, target = open_notebook(model, dataset, max_tokens, profile, seed, device)
 
@@ -42,10 +43,10 @@ print(f"{target.name}: N = {target.n_layers} blocks, d = {target.hidden_size}, "
       f"default EAGLE-3 layers (vLLM ids) {target.default_layer_ids()}")
 
 # %% tags=["hide-output"]
-paper.profile_stats(target, P, ["base", "selection"])  # this model's results are in the cache
-variants = paper.analysis_variants(P)
-bases = {s.meta["model"]: s for s in paper.cached_results(variants["base"])}
-selections = {s.meta["model"]: s for s in paper.cached_results(variants["selection"])}
+variants.profile_stats(target, P, ["base", "selection"])  # this model's results are in the cache
+settings = variants.analysis_variants(P)
+bases = {s.meta["model"]: s for s in variants.cached_results(settings["base"])}
+selections = {s.meta["model"]: s for s in variants.cached_results(settings["selection"])}
 models = sorted(bases)
 
 # %%

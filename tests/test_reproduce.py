@@ -10,7 +10,9 @@ import numpy as np
 import pytest
 
 from wavesurf import paper
+from wavesurf.notebook import check_parameters
 from wavesurf.profiles import PROFILES, ProfileError, get_profile, profile_names
+from wavesurf.stats import variants as stats_variants
 from wavesurf.reproduce import (
     ReproduceError,
     discover_notebooks,
@@ -40,8 +42,8 @@ def test_profiles_and_unknown_profile():
 
 def test_smoke_profile_shares_the_unit_tests_analysis():
     """The smoke base analysis is the conftest SMALL analysis (one cached result for both)."""
-    params = paper.check_parameters("smollm2-135m", "sharegpt", None, "smoke", 0, "cpu")
-    base = paper.analysis_variants(params)["base"]
+    params = check_parameters("smollm2-135m", "sharegpt", None, "smoke", 0, "cpu")
+    base = stats_variants.analysis_variants(params)["base"]
     for k, v in SMALL.items():
         assert getattr(base, k) == v
     assert base.filter == "none" and base.estimator == "auto" and not base.include_position0
@@ -59,13 +61,13 @@ def test_check_parameters_rejects_bad_values(name, value, bad):
     args = {"model": "smollm2-135m", "dataset": "sharegpt", "max_tokens": None, "profile": "smoke", "seed": 0,
             "device": "auto", name: value}
     with pytest.raises(ValueError, match=bad.replace("(", r"\(").replace(")", r"\)")):
-        paper.check_parameters(**args)
+        check_parameters(**args)
 
 
 def test_check_parameters_accepts_good_values():
-    p = paper.check_parameters("gemma3-270m", "mt-bench", 5000, "paper", 3, "cuda:1")
+    p = check_parameters("gemma3-270m", "mt-bench", 5000, "paper", 3, "cuda:1")
     assert (p.model, p.max_tokens, p.profile, p.device) == ("gemma3-270m", 5000, "paper", "cuda:1")
-    variants = paper.analysis_variants(p)
+    variants = stats_variants.analysis_variants(p)
     assert {"base", "position0", "selection"} <= set(variants)
     assert all(v.max_tokens == 5000 and v.split is None for v in variants.values())  # mt-bench is used whole
     assert variants["position0"].include_position0 and not variants["base"].include_position0
@@ -105,7 +107,7 @@ def test_selection_and_sweep_rows(small_stats, tmp_path):
     sweep = paper.sweep_rows({"base": small_stats})
     assert len(sweep) == 1 and sweep[0]["subset"] == "all" and sweep[0]["kept_fraction"] == 1.0
     with pytest.raises(Exception, match="no random control"):
-        paper.control_view(small_stats)
+        stats_variants.control_view(small_stats)
 
 
 def test_cached_results_match_settings_exactly(small_stats):
@@ -114,10 +116,10 @@ def test_cached_results_match_settings_exactly(small_stats):
     from wavesurf.stats.analysis import AnalysisSettings
 
     settings = AnalysisSettings(**SMALL)
-    found = paper.cached_results(settings)
+    found = stats_variants.cached_results(settings)
     assert "smollm2-135m" in [s.meta["model"] for s in found]
     other = replace(settings, max_tokens=SMALL["max_tokens"] + 1)
-    assert "smollm2-135m" not in [s.meta["model"] for s in paper.cached_results(other)]
+    assert "smollm2-135m" not in [s.meta["model"] for s in stats_variants.cached_results(other)]
 
 
 def test_profile_stats_one_capture_equals_separate_analyses(smollm, monkeypatch):
@@ -128,11 +130,11 @@ def test_profile_stats_one_capture_equals_separate_analyses(smollm, monkeypatch)
         "max_tokens": 900, "max_len": 96, "batch_tokens": 768, "pilot_tokens": 8192, "estimator": "minibatch",
         "selection_filter": "q0.25", "selection_estimator": "minibatch", "sweep_filters": [],
         "sweep_estimator": "minibatch", "minibatch_size": 64}})
-    params = paper.check_parameters("smollm2-135m", "sharegpt", None, "tiny", 0, "cpu")
-    variants = paper.analysis_variants(params)
+    params = check_parameters("smollm2-135m", "sharegpt", None, "tiny", 0, "cpu")
+    variants = stats_variants.analysis_variants(params)
     for s in variants.values():  # start from an empty cache for these settings
         shutil.rmtree(result_dir(smollm.name, analysis_key(smollm, s)[0]), ignore_errors=True)
-    got = paper.profile_stats(smollm, params, progress=False)
+    got = stats_variants.profile_stats(smollm, params, progress=False)
     assert set(got) == {"base", "position0", "selection"}
     assert got["base"].meta["shared_capture"]["variants"] == 3
     alone = analyze(smollm, variants["selection"], use_cache=False, progress=False)
@@ -140,10 +142,10 @@ def test_profile_stats_one_capture_equals_separate_analyses(smollm, monkeypatch)
     np.testing.assert_allclose(got["selection"].cka, alone.cka, rtol=1e-5, atol=1e-6)
     assert got["selection"].meta["filter"] == alone.meta["filter"]
     assert got["position0"].main.n_tokens > got["base"].main.n_tokens  # position 0 rows are added
-    again = paper.profile_stats(smollm, params, ["selection"], progress=False)  # from the cache now
+    again = stats_variants.profile_stats(smollm, params, ["selection"], progress=False)  # from the cache now
     assert again["selection"].path is not None and "shared_capture" in again["selection"].meta
     with pytest.raises(ValueError, match="unknown analysis variant"):
-        paper.profile_stats(smollm, params, ["sweep:q0.9"])
+        stats_variants.profile_stats(smollm, params, ["sweep:q0.9"])
 
 
 # ---------------------------------------------------------------------------------------------

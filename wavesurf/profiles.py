@@ -12,7 +12,7 @@ the filter sweep and the position-0 variant; only ``exact`` keeps the cross-laye
 the alpha=1 aggregate entropy and redundancy need) and the variants every statistics notebook reads:
 ``base`` (no filter), ``position0`` (no filter, position 0 kept), ``selection`` (the token-entropy
 filter selection uses) and one ``sweep`` variant per filter of ``sweep_filters``. All variants share
-one capture of the corpus (see :func:`wavesurf.paper.profile_stats`).
+one capture of the corpus (see :func:`wavesurf.stats.variants.profile_stats`).
 """
 from __future__ import annotations
 

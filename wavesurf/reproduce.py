@@ -266,7 +266,7 @@ def reproduce(model: str, profile: str = "default", only: str | Sequence[str] | 
               say: Callable[[str], None] = print) -> dict[str, Any]:
     """Run the notebooks for ``model`` with ``profile`` into the book and build it; a summary dict."""
     get_profile(profile)  # unknown profile -> clear error before anything runs
-    from .paper import check_parameters
+    from .notebook import check_parameters
 
     check_parameters(model, dataset, max_tokens, profile, seed, device)
     root = Path(root or repo_root())
