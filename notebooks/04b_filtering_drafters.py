@@ -40,7 +40,7 @@ P, target = open_notebook(model, dataset, max_tokens, profile, seed, device)
 
 # %% tags=["hide-output"]
 sets, settings, table = paper.profile_speed_table(target, P)
-filter_name = P.profile_dict["analysis"]["selection_filter"]
+filter_name = P.profile_spec.analysis.selection_filter
 
 # %%
 # NBVAL_CHECK_OUTPUT

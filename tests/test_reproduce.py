@@ -31,13 +31,25 @@ def test_profiles_and_unknown_profile():
     assert profile_names() == ["smoke", "default", "long", "paper"]
     for name in profile_names():
         p = get_profile(name)
-        assert set(p["analysis"]) >= {"max_tokens", "estimator", "selection_filter", "sweep_filters"}
-        SpeedTableSettings.from_profile(p["drafter"])  # every drafter entry is a valid speed-table setting
-    assert get_profile("long")["analysis"] == get_profile("default")["analysis"]  # same statistics and sets
-    get_profile("smoke")["analysis"]["max_tokens"] = -1  # a copy: the table is untouched
-    assert PROFILES["smoke"]["analysis"]["max_tokens"] > 0
+        assert p.name == name and p.analysis.max_tokens > 0 and p.analysis.sweep_filters
+        SpeedTableSettings.from_profile(p.drafter)  # every drafter entry is a valid speed-table setting
+    assert get_profile("long").analysis == get_profile("default").analysis  # same statistics and sets
+    get_profile("smoke").drafter["train"]["train_tokens"] = -1  # a copy: the table is untouched
+    assert PROFILES["smoke"]["drafter"]["train"]["train_tokens"] > 0
+    with pytest.raises(Exception, match="frozen|cannot assign"):
+        get_profile("smoke").analysis.max_tokens = 5  # type: ignore[misc]
     with pytest.raises(ProfileError, match="unknown profile 'fast'.*smoke, default, long, paper"):
         get_profile("fast")
+
+
+def test_a_malformed_profile_entry_is_refused_by_name(monkeypatch):
+    analysis = dict(PROFILES["smoke"]["analysis"])
+    monkeypatch.setitem(PROFILES, "odd", {"analysis": analysis, "drafters": {}})
+    with pytest.raises(ProfileError, match=r"profile 'odd': keys \['drafters'\]"):
+        get_profile("odd")
+    monkeypatch.setitem(PROFILES, "odd", {"analysis": {k: v for k, v in analysis.items() if k != "max_len"}})
+    with pytest.raises(ProfileError, match=r"analysis keys missing \['max_len'\]"):
+        get_profile("odd")
 
 
 def test_smoke_profile_shares_the_unit_tests_analysis():
@@ -71,7 +83,7 @@ def test_check_parameters_accepts_good_values():
     assert {"base", "position0", "selection"} <= set(variants)
     assert all(v.max_tokens == 5000 and v.split is None for v in variants.values())  # mt-bench is used whole
     assert variants["position0"].include_position0 and not variants["base"].include_position0
-    assert [n for n in variants if n.startswith("sweep:")] == [f"sweep:{f}" for f in get_profile("paper")["analysis"]["sweep_filters"]]
+    assert [n for n in variants if n.startswith("sweep:")] == [f"sweep:{f}" for f in get_profile("paper").analysis.sweep_filters]
 
 
 # ---------------------------------------------------------------------------------------------

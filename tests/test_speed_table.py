@@ -36,7 +36,7 @@ def test_run_speed_table_trains_each_set_and_seed_once(smollm):
     from wavesurf.profiles import get_profile
     from wavesurf.speed_table import LayerSet, SpeedTableSettings, run_speed_table
 
-    settings = SpeedTableSettings.from_profile(get_profile("smoke")["drafter"])
+    settings = SpeedTableSettings.from_profile(get_profile("smoke").drafter)
     settings.seeds = (0, 1)
     sets = [LayerSet("default", "default", [2, 15, 27], "rule"), LayerSet("last-1", "control", [30], "top")]
     table = run_speed_table(smollm, sets, settings, progress=False)

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import ParameterError, is_int
-from .profiles import get_profile
+from .profiles import Profile, get_profile
 
 DEVICES_HELP = "'auto', 'cpu', 'cuda' or 'cuda:N'"
 
@@ -23,7 +23,7 @@ class NotebookParams:
     device: str
 
     @property
-    def profile_dict(self) -> dict[str, Any]:
+    def profile_spec(self) -> Profile:
         return get_profile(self.profile)
 
 

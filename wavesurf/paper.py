@@ -169,7 +169,7 @@ def profile_speed_table(target: Any, params: NotebookParams, k: int = 3, progres
     seed. Returns ``(sets, settings, table)``; every drafter and benchmark is cached."""
     from .speed_table import SpeedTableSettings, layer_sets, run_speed_table
 
-    settings = SpeedTableSettings.from_profile(params.profile_dict["drafter"])
+    settings = SpeedTableSettings.from_profile(params.profile_spec.drafter)
     stats = profile_stats(target, params, ["base", "selection"], progress=progress)
     sets = layer_sets(stats["base"], stats["selection"], k=k, methods=settings.methods, n_random=settings.n_random,
                       seed=params.seed)

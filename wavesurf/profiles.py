@@ -2,9 +2,10 @@
 
 ``smoke`` is what CI runs through nbval (seconds per notebook), ``default`` is the main job on a
 2-core CPU with the embedded default model, ``long`` the same statistics with drafters trained
-longer (at most 2 hours there), ``paper`` the sizes a GPU user would pick. Each
-profile is a plain nested dict so the drafter part (training steps, decoding prompts, ...) can be
-added under its own ``"drafter"`` key without touching the statistics part.
+longer (at most 2 hours there), ``paper`` the sizes a GPU user would pick. The table
+:data:`PROFILES` is plain data; :func:`get_profile` returns it checked and typed as a
+:class:`Profile` (its ``analysis`` part an :class:`AnalysisBudget`, its ``drafter`` part the keyword
+settings of :class:`wavesurf.speed_table.SpeedTableSettings`).
 
 The analysis part fixes the token budget, the CKA estimators (``estimator`` for the unfiltered
 statistics, ``selection_estimator`` for the filtered ones selection reads, ``sweep_estimator`` for
@@ -17,6 +18,7 @@ one capture of the corpus (see :func:`wavesurf.stats.variants.profile_stats`).
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from .errors import ProfileError
@@ -124,8 +126,53 @@ def profile_names() -> list[str]:
     return list(PROFILES)
 
 
-def get_profile(name: str) -> dict[str, Any]:
-    """A deep copy of profile ``name`` (callers may change it freely)."""
+@dataclass(frozen=True)
+class AnalysisBudget:
+    """The statistics part of a profile (see the module docstring)."""
+
+    max_tokens: int
+    max_len: int
+    batch_tokens: int
+    pilot_tokens: int
+    estimator: str
+    selection_filter: str
+    selection_estimator: str
+    sweep_filters: tuple[str, ...]
+    sweep_estimator: str
+    minibatch_size: int
+
+
+@dataclass(frozen=True)
+class Profile:
+    """One run profile, checked: a description, the analysis budget, the drafter settings (a fresh
+    dict per profile object, so callers may change it) and the reference minutes per model and
+    notebook that the progress line's estimate starts from."""
+
+    name: str
+    description: str
+    analysis: AnalysisBudget
+    drafter: dict[str, Any] = field(default_factory=dict)
+    reference_minutes: dict[str, dict[str, float]] = field(default_factory=dict)
+
+    @classmethod
+    def from_dict(cls, name: str, spec: dict[str, Any]) -> "Profile":
+        known = {"description", "analysis", "drafter", "reference_minutes"}
+        unknown = sorted(set(spec) - known)
+        if unknown or "analysis" not in spec:
+            raise ProfileError(f"profile {name!r}: keys {unknown or ['analysis (missing)']} are not allowed; "
+                               f"a profile has {sorted(known)}")
+        names = {f.name for f in fields(AnalysisBudget)}
+        given = set(spec["analysis"])
+        if given != names:
+            raise ProfileError(f"profile {name!r}: analysis keys missing {sorted(names - given)}, "
+                               f"unknown {sorted(given - names)}")
+        analysis = AnalysisBudget(**{**spec["analysis"], "sweep_filters": tuple(spec["analysis"]["sweep_filters"])})
+        return cls(name, str(spec.get("description", "")), analysis, copy.deepcopy(spec.get("drafter", {})),
+                   copy.deepcopy(spec.get("reference_minutes", {})))
+
+
+def get_profile(name: str) -> Profile:
+    """Profile ``name``, checked and typed; the drafter part is a copy (callers may change it)."""
     if not isinstance(name, str) or name not in PROFILES:
         raise ProfileError(f"unknown profile {name!r}; available: {', '.join(PROFILES)}")
-    return copy.deepcopy(PROFILES[name])
+    return Profile.from_dict(name, PROFILES[name])

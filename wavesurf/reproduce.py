@@ -241,7 +241,7 @@ def estimate_remaining(remaining: Sequence[str], previous: dict[str, float], pro
     when there is one, else from the profile's ``reference_minutes`` (an empty-cache run of the
     default model on the 2-core reference machine), else unknown. Notebooks differ by orders of
     magnitude (the drafter ones train every head), so averaging the finished ones would mislead."""
-    refs = get_profile(profile).get("reference_minutes", {})
+    refs = get_profile(profile).reference_minutes
     ref = refs.get(model) or refs.get("smollm2-135m") or {}
     ref_label = "reference machine" + ("" if model in refs else ", default model")
     total, sources, unknown = 0.0, set(), []

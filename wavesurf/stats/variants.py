@@ -22,26 +22,26 @@ def analysis_variants(params: Any) -> dict[str, Any]:
     ``base``, ``position0``, ``selection`` and ``sweep:<filter>`` for each sweep filter."""
     from .analysis import AnalysisSettings
 
-    a = params.profile_dict["analysis"]
+    a = params.profile_spec.analysis
     split = "stats" if params.dataset == "sharegpt" else None
-    common = dict(dataset=params.dataset, split=split, max_tokens=params.max_tokens or a["max_tokens"],
-                  max_len=a["max_len"], batch_tokens=a["batch_tokens"], pilot_tokens=a["pilot_tokens"],
+    common = dict(dataset=params.dataset, split=split, max_tokens=params.max_tokens or a.max_tokens,
+                  max_len=a.max_len, batch_tokens=a.batch_tokens, pilot_tokens=a.pilot_tokens,
                   seed=params.seed)
-    exact = AnalysisSettings(**common, estimator=a["estimator"])
-    sweep = AnalysisSettings(**common, estimator=a["sweep_estimator"], minibatch_size=a["minibatch_size"])
+    exact = AnalysisSettings(**common, estimator=a.estimator)
+    sweep = AnalysisSettings(**common, estimator=a.sweep_estimator, minibatch_size=a.minibatch_size)
     variants = {
         "base": exact,
         "position0": replace(sweep, include_position0=True),
-        "selection": replace(exact, filter=a["selection_filter"], estimator=a["selection_estimator"],
-                             minibatch_size=a["minibatch_size"]),
+        "selection": replace(exact, filter=a.selection_filter, estimator=a.selection_estimator,
+                             minibatch_size=a.minibatch_size),
     }
-    for f in a["sweep_filters"]:
+    for f in a.sweep_filters:
         variants[f"sweep:{f}"] = replace(sweep, filter=f)
     return variants
 
 
 def sweep_variant_names(params: Any) -> list[str]:
-    return ["base"] + [f"sweep:{f}" for f in params.profile_dict["analysis"]["sweep_filters"]]
+    return ["base"] + [f"sweep:{f}" for f in params.profile_spec.analysis.sweep_filters]
 
 
 def profile_stats(target: Any, params: Any, names: Sequence[str] | None = None,
