@@ -119,10 +119,13 @@ def test_accumulators_of_other_settings_refuse_to_merge():
     a = _Accumulator("all", [0, 1], 4, True, s, {"key": "run-a"})
     b = _Accumulator("all", [0, 1], 4, True, s, {"key": "run-b"})
     x = torch.randn(2, 5, 4, dtype=torch.float64)
-    a.update({0: x, 1: x}, torch.ones(2, 5, dtype=torch.bool))
-    b.update({0: x, 1: x}, torch.ones(2, 5, dtype=torch.bool))
+    groups = torch.tensor([[0] * 5, [1] * 5])
+    a.update({0: x, 1: x}, torch.ones(2, 5, dtype=torch.bool), groups)
+    b.update({0: x, 1: x}, torch.ones(2, 5, dtype=torch.bool), groups)
     with pytest.raises(StatsError, match="key"):
         a.moments.merge(b.moments)
+    with pytest.raises(StatsError, match="key"):
+        a.grouped.merge(b.grouped)
 
 
 def test_cache_round_trip_and_key(smollm, small_stats, small_batches):
@@ -150,3 +153,65 @@ def test_bad_settings():
         AnalysisSettings(estimator="fast").check()
     with pytest.raises(FilterError, match="allowed"):
         AnalysisSettings(filter="top20").check()
+
+
+def test_leave_one_group_out_values_equal_bruteforce_on_real_states(small_batches, exact_stats):
+    from wavesurf.stats.resampling import GroupAssigner
+
+    G = exact_stats.main.replicates["group_tokens"].shape[0]
+    assert G == 10
+    assigner = GroupAssigner(G)
+    rows, grp = [], []
+    for b in small_batches:
+        m = b.stat_mask()
+        rows.append(b.hidden[15][m].double().numpy())
+        g = assigner.row_groups(b.example_ids, tuple(m.shape))
+        grp.append(g[m].numpy())
+    X, g = np.concatenate(rows), np.concatenate(grp)
+    np.testing.assert_array_equal(exact_stats.main.replicates["group_tokens"], np.bincount(g, minlength=G))
+    for k in (0, G - 1):
+        cov = np.cov(X[g != k], rowvar=False)
+        assert exact_stats.main.replicates["entropy"][k, 15] == pytest.approx(_entropy(cov, 1), rel=1e-8)
+        assert exact_stats.main.replicates["trace"][k, 15] == pytest.approx(np.trace(cov), rel=1e-8)
+    jk = exact_stats.interval("entropy")
+    assert np.all(jk.low < exact_stats.entropy) and np.all(exact_stats.entropy < jk.high)
+    ck = exact_stats.interval("cka_next")
+    assert ck.low.shape == (30,) and np.all(ck.se > 0)
+    freq = exact_stats.boundary_frequency()
+    assert freq.shape == (31,) and 0 <= freq.min() and freq.max() <= 1
+    row = exact_stats.layer_rows()[15]
+    assert row["entropy_nats_low"] < row["entropy_nats"] < row["entropy_nats_high"]
+
+
+def test_intervals_on_filtered_and_control_subsets(small_batches):
+    stats = analyze_batches(small_batches, 30, 576, AnalysisSettings(filter="q0.5", estimator="minibatch",
+                                                                      minibatch_size=64, pilot_tokens=256))
+    diff = stats.control_difference("mean_normalized_entropy")
+    e1 = stats.interval("mean_normalized_entropy").estimate
+    e0 = stats.interval("mean_normalized_entropy", subset="control").estimate
+    assert float(diff.estimate) == pytest.approx(float(e1 - e0))
+    assert float(diff.low) < float(diff.estimate) < float(diff.high)
+    agg = stats.aggregate_entropy2([[2, 15, 27], [1, 2, 3]])
+    assert np.all(agg.low < agg.estimate) and np.all(agg.estimate < agg.high)
+    d = stats.aggregate_entropy2_difference([2, 15, 27], [1, 2, 3])
+    assert float(d.estimate) == pytest.approx(float(agg.estimate[0] - agg.estimate[1]))
+
+
+def test_a_run_too_small_for_intervals_says_so(small_batches):
+    stats = analyze_batches(small_batches[:1], 30, 576, AnalysisSettings(estimator="minibatch", minibatch_size=64,
+                                                                          resample_groups=20, min_tokens=8))
+    assert stats.main.replicates is None and "too small" in stats.main.interval_note
+    assert "too small" in stats.meta["intervals"]["notes"]["all"]
+    with pytest.raises(Exception, match="too small"):
+        stats.interval("entropy")
+    assert "entropy_nats_low" not in stats.layer_rows()[0]
+
+
+def test_more_groups_than_conversations_is_refused_before_the_pass(smollm):
+    from wavesurf.stats.analysis import analyze
+
+    with pytest.raises(Exception, match="resample_groups=100000 is more than the"):
+        analyze(smollm, progress=False, use_cache=False, **{**__import__("tests.conftest").conftest.SMALL,
+                                                             "resample_groups": 100000})
+    with pytest.raises(StatsError, match="resample_groups=1 is not allowed"):
+        AnalysisSettings(resample_groups=1).check()

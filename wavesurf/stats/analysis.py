@@ -33,9 +33,12 @@ from .entropy import aggregate_entropy as _aggregate_entropy
 from .entropy import effective_rank, max_entropy, purity, redundancy as _redundancy, renyi_entropy
 from .filtering import FilterError, FilterState, TokenFilter
 from .moments import LayerMoments, gather_layer_rows, l2_normalize_rows_
+from .resampling import (DEFAULT_GROUPS, DEFAULT_LEVEL, REPLICATED, GroupedLayerMoments, Jackknife,
+                         ReplicateView, aggregate_entropy2_replicates, boundary_frequency, check_groups,
+                         jackknife, GroupAssigner, values_and_replicates)
 
 ESTIMATORS = ("auto", "exact", "minibatch")
-RESULT_FORMAT = 1
+RESULT_FORMAT = 2  # 2: resampling replicates
 
 
 @dataclass(frozen=True)
@@ -58,6 +61,7 @@ class AnalysisSettings:
     minibatch_size: int = 512
     seed: int = 0  # random control subset and minibatch shuffling
     min_tokens: int | None = None  # kept positions the statistics need; default d + 1
+    resample_groups: int = DEFAULT_GROUPS  # jackknife groups of sequences for intervals; 0 = none
 
     def check(self) -> None:
         if self.estimator not in ESTIMATORS:
@@ -68,6 +72,7 @@ class AnalysisSettings:
         if self.memory_budget_gb <= 0:
             raise WavesurfError(f"memory_budget_gb={self.memory_budget_gb} must be > 0")
         TokenFilter.parse(self.filter)
+        check_groups(self.resample_groups)
 
 
 @dataclass
@@ -85,6 +90,10 @@ class SubsetStats:
     cka: np.ndarray  # [L, L] linear CKA
     compartments: list[tuple[int, int]]  # contiguous blocks of layer ids (inclusive)
     cross: Any = field(default=None, repr=False)  # LayerMoments or stored blocks, for aggregate entropy
+    # leave-one-group-out values (see wavesurf.stats.resampling): REPLICATED quantities [G, L],
+    # "cka" [G, L, L], "group_tokens" [G]; None without intervals (interval_note says why)
+    replicates: dict[str, np.ndarray] | None = field(default=None, repr=False)
+    interval_note: str | None = None
 
     @property
     def effective_rank(self) -> np.ndarray:
@@ -209,13 +218,83 @@ class LayerStats:
                                 "estimator does not keep; rerun with estimator='exact' or use the alpha=2 closed form")
         return stats.cross
 
+    # ------------------------------------------------------------------ intervals
+    def _subset(self, subset: str) -> SubsetStats:
+        if subset not in ("main", "control"):
+            raise WavesurfError(f"subset={subset!r} must be 'main' or 'control'")
+        sub = self.main if subset == "main" else self.control
+        if sub is None:
+            raise WavesurfError("these statistics have no random control subset (no token filter)")
+        return sub
+
+    @property
+    def has_intervals(self) -> bool:
+        return self.main.replicates is not None
+
+    def interval(self, quantity: str, subset: str = "main", level: float = DEFAULT_LEVEL) -> Jackknife:
+        """Grouped-jackknife interval of a quantity (``entropy``, ``entropy2``, ``normalized_entropy``,
+        ``purity``, ``trace``, ``effective_rank``, ``cka``, ``cka_next``, ``cka_to_last`` or
+        ``mean_<per-layer quantity>``) over resampling groups of sequences."""
+        sub = self._subset(subset)
+        return jackknife(*values_and_replicates(sub, quantity), level=level)
+
+    def control_difference(self, quantity: str, level: float = DEFAULT_LEVEL) -> Jackknife:
+        """Filtered minus random-control value of a quantity, with a paired interval (both subsets
+        come from the same sequences and share their resampling groups)."""
+        e1, r1 = values_and_replicates(self._subset("main"), quantity)
+        e0, r0 = values_and_replicates(self._subset("control"), quantity)
+        return jackknife(e1 - e0, r1 - r0, level=level)
+
+    def aggregate_entropy2(self, layer_sets: Sequence[Sequence[int]], level: float = DEFAULT_LEVEL) -> Jackknife:
+        """Alpha=2 aggregate entropy (nats) of layer-id sets ``[m, k]``, with intervals."""
+        return jackknife(*aggregate_entropy2_replicates(self.main, self._positions(layer_sets)), level=level)
+
+    def aggregate_entropy2_difference(self, layer_ids: Sequence[int], reference_ids: Sequence[int],
+                                      level: float = DEFAULT_LEVEL) -> Jackknife:
+        """Alpha=2 aggregate entropy of ``layer_ids`` minus that of ``reference_ids`` (same k), paired."""
+        est, reps = aggregate_entropy2_replicates(self.main, self._positions([list(layer_ids), list(reference_ids)]))
+        return jackknife(est[0] - est[1], reps[:, 0] - reps[:, 1], level=level)
+
+    def _positions(self, layer_sets: Sequence[Sequence[int]]) -> np.ndarray:
+        pos = {lid: k for k, lid in enumerate(self.layer_ids)}
+        try:
+            return np.array([[pos[int(i)] for i in s] for s in layer_sets], dtype=np.int64)
+        except KeyError as exc:
+            raise WavesurfError(f"layer id {exc.args[0]} is not in the statistics (ids {self.layer_ids})") from None
+
+    def boundary_frequency(self, subset: str = "main") -> np.ndarray:
+        """``[L]`` share of resamples whose CKA compartments start a new one at each layer id."""
+        return boundary_frequency(self._subset(subset))
+
+    def replicate_views(self) -> list[ReplicateView]:
+        """The leave-one-group-out statistics as objects :func:`wavesurf.select_layers` accepts."""
+        if not self.has_intervals:
+            raise WavesurfError(f"no resampling replicates: {self.main.interval_note or 'resample_groups=0'}")
+        return [ReplicateView(self, g) for g in range(len(self.main.replicates["group_tokens"]))]
+
     def layer_rows(self) -> list[dict[str, Any]]:
-        """Tidy per-layer rows (one per subset and layer id) as written to ``layers.csv``."""
+        """Tidy per-layer rows (one per subset and layer id) as written to ``layers.csv``; with
+        resampling replicates, ``<q>_low``/``<q>_high`` give 95% grouped-jackknife intervals and
+        ``boundary_frequency`` how often a compartment starts at the layer across resamples."""
         rows = []
         for sub in [self.main] + ([self.control] if self.control else []):
             block_of = {lid: b for b, (s, e) in enumerate(sub.compartments) for lid in range(s, e + 1)}
             nxt, last = neighbour_cka(sub.cka), cka_to_last(sub.cka)
+            ivals = {}
+            if sub.replicates is not None:
+                for col, q in (("entropy_nats", "entropy"), ("entropy2_nats", "entropy2"),
+                               ("normalized_entropy", "normalized_entropy"), ("cka_next", "cka_next"),
+                               ("cka_to_last", "cka_to_last")):
+                    ivals[col] = jackknife(*values_and_replicates(sub, q))
+                freq = boundary_frequency(sub)
             for k, lid in enumerate(sub.layer_ids):
+                extra: dict[str, Any] = {}
+                for col, jk in ivals.items():
+                    ok = k < len(jk.low)
+                    extra[f"{col}_low"] = jk.low[k] if ok else ""
+                    extra[f"{col}_high"] = jk.high[k] if ok else ""
+                if ivals:
+                    extra["boundary_frequency"] = freq[k]
                 rows.append({
                     "model": self.meta["model"], "subset": sub.name, "filter": self.meta["filter"]["filter"],
                     "layer_id": lid, "sglang_layer_id": lid - 1 if lid > 0 else "",
@@ -224,21 +303,26 @@ class LayerStats:
                     "normalized_entropy": sub.normalized_entropy[k], "effective_rank": float(sub.effective_rank[k]),
                     "purity": sub.purity[k], "trace": sub.trace[k],
                     "cka_next": nxt[k] if k < len(nxt) else "", "cka_to_last": last[k],
-                    "compartment": block_of.get(lid, ""),
+                    "compartment": block_of.get(lid, ""), **extra,
                 })
         return rows
 
     def cka_rows(self) -> list[dict[str, Any]]:
         rows = []
         for sub in [self.main] + ([self.control] if self.control else []):
+            jk = jackknife(*values_and_replicates(sub, "cka")) if sub.replicates is not None else None
             for a, la in enumerate(sub.layer_ids):
                 for b, lb in enumerate(sub.layer_ids):
-                    rows.append({"subset": sub.name, "layer_i": la, "layer_j": lb, "cka": sub.cka[a, b]})
+                    row = {"subset": sub.name, "layer_i": la, "layer_j": lb, "cka": sub.cka[a, b]}
+                    if jk is not None:
+                        row.update(cka_low=jk.low[a, b], cka_high=jk.high[a, b])
+                    rows.append(row)
         return rows
 
 
 # ---------------------------------------------------------------------------------------------
-def _finalize(name: str, layer_ids: list[int], moments: LayerMoments, cka: np.ndarray, dim: int) -> SubsetStats:
+def _finalize(name: str, layer_ids: list[int], moments: LayerMoments, cka: np.ndarray, dim: int,
+              replicates: dict[str, np.ndarray] | None = None, interval_note: str | None = None) -> SubsetStats:
     import torch
 
     n = moments.n
@@ -255,51 +339,123 @@ def _finalize(name: str, layer_ids: list[int], moments: LayerMoments, cka: np.nd
     blocks = [(layer_ids[s], layer_ids[e]) for s, e in compartments(cka)]
     cross = BlockCovariances.from_moments(moments) if moments.pairs else None
     return SubsetStats(name, n, list(layer_ids), np.array(ent), np.array(ent2), np.array(norm), np.array(pur),
-                       np.array(tr), np.asarray(cka, dtype=np.float64), blocks, cross)
+                       np.array(tr), np.asarray(cka, dtype=np.float64), blocks, cross, replicates, interval_note)
+
+
+def _per_layer_replicates(grouped: GroupedLayerMoments, dim: int) -> dict[str, np.ndarray]:
+    """Per-layer quantities of every leave-one-group-out covariance: ``[G, L]`` each (float64
+    spectra: float32 ``eigvalsh`` is only ~1.4x faster and its noise floor on the small eigenvalues
+    would add ~1e-4 nats to each replicate's entropy)."""
+    import torch
+
+    G, L = grouped.n_groups, len(grouped.layer_ids)
+    out = {q: np.empty((G, L)) for q in REPLICATED}
+    sizes = grouped.group_sizes
+    for g in range(G):
+        top = max_entropy(int(sizes.sum() - sizes[g]), dim)
+        for k, lid in enumerate(grouped.layer_ids):
+            cov = grouped.covariance(lid, drop_group=g)
+            eigs = torch.linalg.eigvalsh(cov).cpu().numpy()
+            out["entropy"][g, k] = renyi_entropy(eigs, 1.0)
+            out["entropy2"][g, k] = renyi_entropy(eigs, 2.0)
+            out["normalized_entropy"][g, k] = out["entropy"][g, k] / top if top > 0 else 0.0
+            t = float(eigs.sum())
+            out["purity"][g, k] = float(np.sum(eigs * eigs)) / t**2 if t > 0 else np.nan
+            out["trace"][g, k] = float(cov.trace())
+    out["group_tokens"] = sizes.astype(np.int64)
+    return out
 
 
 class _Accumulator:
-    """Moments (+ minibatch CKA) of one token subset."""
+    """Moments (+ minibatch CKA) of one token subset; with ``resample_groups``, the same sums per
+    group of sequences for jackknife intervals (the minibatch CKA then also runs next to the exact
+    one, to give the CKA replicates)."""
 
     def __init__(self, name: str, layer_ids: list[int], dim: int, exact: bool, settings: AnalysisSettings, meta: dict):
         import torch
 
         self.name, self.layer_ids, self.dim, self.exact = name, layer_ids, dim, exact
-        self.moments = LayerMoments(layer_ids, dim, pairs=exact, l2_normalize=settings.l2_normalize,
-                                    meta={**meta, "subset": name})
-        self.mb = None if exact else MinibatchCKA(layer_ids, meta={**meta, "subset": name}, gram_dtype=torch.float32)
-        self.shuffler = None if exact else TokenShuffler(8 * settings.minibatch_size, settings.minibatch_size,
-                                                         seed=settings.seed + (0 if name != "random" else 7))
+        self.n_groups = settings.resample_groups
+        sub_meta = {**meta, "subset": name}
+        self.grouped = None
+        if self.n_groups:  # beside the exact moments, else it *is* the per-layer moments
+            self.grouped = GroupedLayerMoments(layer_ids, dim, self.n_groups, settings.l2_normalize, sub_meta)
+        self.moments = (self.grouped if self.grouped is not None and not exact else
+                        LayerMoments(layer_ids, dim, pairs=exact, l2_normalize=settings.l2_normalize, meta=sub_meta))
+        need_mb = not exact or self.n_groups
+        self.mb = (MinibatchCKA(layer_ids, meta=sub_meta, gram_dtype=torch.float32, n_groups=self.n_groups)
+                   if need_mb else None)
+        self.shuffler = None if not need_mb else TokenShuffler(8 * settings.minibatch_size, settings.minibatch_size,
+                                                               seed=settings.seed + (0 if name != "random" else 7))
         self.l2 = settings.l2_normalize
 
-    def update(self, hidden: dict[int, Any], mask: Any) -> None:
+    def update(self, hidden: dict[int, Any], mask: Any, groups: Any = None) -> None:
         if mask is None or not bool(mask.any()):
             return
-        self.moments.update(hidden, mask)
+        if self.grouped is not None:
+            self.grouped.update(hidden, groups, mask)
+        if self.moments is not self.grouped:
+            self.moments.update(hidden, mask)
         if self.mb is not None:
             rows = gather_layer_rows(hidden, self.layer_ids, mask)
             if self.l2:
                 rows = [l2_normalize_rows_(r) for r in rows]  # r is a fresh copy (masked rows)
-            for minibatch in self.shuffler.add({lid: r for lid, r in zip(self.layer_ids, rows)}):
-                self.mb.update(minibatch)
+            feed: dict[Any, Any] = {lid: r for lid, r in zip(self.layer_ids, rows)}
+            if self.n_groups:
+                feed["groups"] = groups[mask]
+            for minibatch in self.shuffler.add(feed):
+                self.mb.update(minibatch, groups=minibatch.get("groups"))
 
     def finish(self) -> None:
         """Flush the last minibatches and sum the accumulators over all processes (if several)."""
         if self.mb is not None:
             for minibatch in self.shuffler.flush():
-                self.mb.update(minibatch)
+                self.mb.update(minibatch, groups=minibatch.get("groups"))
             self.mb.all_reduce_()
         self.moments.all_reduce_()
+        if self.grouped is not None and self.grouped is not self.moments:
+            self.grouped.all_reduce_()
+
+    def _interval_problem(self) -> str | None:
+        if not self.n_groups:
+            return "intervals were not asked for (resample_groups=0)"
+        empty = int((self.grouped.group_sizes == 0).sum())
+        if empty:
+            return (f"the run is too small for {self.n_groups} resampling groups: {empty} of them hold no "
+                    f"{self.name} tokens; use fewer resample_groups or more tokens")
+        if self.mb.n_batches < 2:
+            return (f"the run is too small for CKA intervals: {self.mb.n_batches} minibatch(es) of "
+                    f"{self.shuffler.batch_size} {self.name} tokens; lower minibatch_size or raise max_tokens")
+        if self.grouped.n - int(self.grouped.group_sizes.max()) <= self.dim:
+            return "the run is too small for intervals: leaving out one group leaves fewer tokens than dimensions"
+        return None
 
     def result(self) -> SubsetStats:
-        if self.mb is not None:
-            if self.mb.n_batches == 0:
-                raise FilterError(f"{self.name}: too few tokens ({self.moments.n}) for one CKA minibatch of "
-                                  f"{self.shuffler.batch_size}; lower minibatch_size or raise max_tokens")
-            cka = self.mb.result()
-        else:
-            cka = linear_cka_from_moments(self.moments)
-        return _finalize(self.name, self.layer_ids, self.moments, cka, self.dim)
+        if self.mb is not None and not self.exact and self.mb.n_batches == 0:
+            raise FilterError(f"{self.name}: too few tokens ({self.moments.n}) for one CKA minibatch of "
+                              f"{self.shuffler.batch_size}; lower minibatch_size or raise max_tokens")
+        cka = linear_cka_from_moments(self.moments) if self.exact else self.mb.result()
+        note = self._interval_problem()
+        replicates = None
+        if note is None:
+            replicates = _per_layer_replicates(self.grouped, self.dim)
+            rep_cka = self.mb.replicates()
+            if self.exact:  # the exact CKA borrows the minibatch estimator's leave-one-out deviations
+                rep_cka = cka[None] + (rep_cka - self.mb.result()[None])
+            replicates["cka"] = rep_cka
+        return _finalize(self.name, self.layer_ids, self.moments, cka, self.dim, replicates, note)
+
+
+def check_corpus_groups(settings: AnalysisSettings, corpus: Any) -> None:
+    """Refuse, before any model work, more resampling groups than the corpus has conversations."""
+    from .resampling import conversation_key
+
+    if settings.resample_groups:
+        n_conv = len({conversation_key(e.id) for e in corpus.examples})
+        try:
+            check_groups(settings.resample_groups, n_sequences=n_conv)
+        except Exception as exc:
+            raise WavesurfError(f"{exc} (corpus {settings.dataset!r} has {n_conv} conversations)") from None
 
 
 def result_dir(model_name: str, key: str) -> Path:
@@ -349,11 +505,12 @@ def analyze(
         return load_stats(out)
     t0 = time.perf_counter()
     corpus = load_corpus(settings.dataset, split=settings.split, seed=settings.split_seed)
+    check_corpus_groups(settings, corpus)
     shard = shard if shard is not None else Shard()
     batches = capture(target, corpus, settings.max_tokens, max_len=settings.max_len,
                       batch_tokens=settings.batch_tokens, progress=progress, shard=shard)
     stats = analyze_batches(batches, target.n_layers, target.hidden_size, settings, key=key, params=params,
-                            shard=shard)
+                            shard=shard, corpus_order=[e.id for e in corpus.examples])
     stats.meta["seconds"] = round(time.perf_counter() - t0, 1)
     if use_cache:
         if shard.is_main:
@@ -372,11 +529,14 @@ def analyze_batches(
     key: str = "",
     params: dict[str, Any] | None = None,
     shard: Any = None,
+    corpus_order: Sequence[str] | None = None,
 ) -> LayerStats:
     """The statistics of :func:`analyze` from any iterable of :class:`~wavesurf.capture.CaptureBatch`
     carrying every layer id 0..``n_layers`` (one pass; nothing cached). With a ``shard``, only the
     batches it owns are accumulated (the others are pilot batches of a quantile filter) and the
-    accumulators are summed over all processes at the end."""
+    accumulators are summed over all processes at the end. ``corpus_order`` (the corpus's example
+    ids) fixes the resampling groups independently of batching; without it conversations are dealt
+    to the groups in the order they appear."""
     from ..distributed import Shard, all_reduce_ints
 
     shard = shard if shard is not None else Shard()
@@ -395,6 +555,7 @@ def analyze_batches(
     if fspec.active:
         subsets.append(_Accumulator("random", layer_ids, d, exact, settings, merge_meta))
     fstate = FilterState(fspec, seed=settings.seed)
+    assigner = GroupAssigner(settings.resample_groups, corpus_order) if settings.resample_groups else None
     if fspec.kind == "quantile":
         shard.pilot_done = False  # every process runs the pilot batches until the threshold is fixed
 
@@ -408,9 +569,10 @@ def analyze_batches(
         if not shard.owns(batch.index):
             return
         kept, control = fstate.masks(candidates(batch), batch.token_entropy, batch.index)
-        subsets[0].update(batch.hidden, kept)
+        groups = assigner.row_groups(batch.example_ids, tuple(kept.shape)) if assigner else None
+        subsets[0].update(batch.hidden, kept, groups)
         if control is not None:
-            subsets[1].update(batch.hidden, control)
+            subsets[1].update(batch.hidden, control, groups)
 
     pilot: list = []  # a quantile filter holds its first batches until the threshold is fixed
     pilot_count = 0
@@ -447,7 +609,12 @@ def analyze_batches(
     meta = {**(params or {"n_layers": n_layers, "hidden_size": hidden_size, "model": "?", **asdict(settings)}),
             "key": key, "layer_convention": "vllm (0 = embeddings, N = last block before the final norm)",
             "estimator_used": estimator, "filter": fstate.summary(), "processes": shard.world,
-            "tokens": {s.name: s.n_tokens for s in results}}
+            "tokens": {s.name: s.n_tokens for s in results},
+            "intervals": {"method": "grouped jackknife over sequences (conversations dealt to groups in corpus order)",
+                          "groups": settings.resample_groups, "level": DEFAULT_LEVEL,
+                          "exact_cka": "exact value +- the minibatch estimator's leave-one-group-out deviations"
+                          if exact else "minibatch estimator's own leave-one-group-out values",
+                          "notes": {s.name: s.interval_note for s in results if s.interval_note}}}
     if len(results) > 1:  # stability check: do filtered and random tokens give the same compartments?
         meta["compartment_agreement_with_control"] = round(
             compartment_stability(results[0].compartments, results[1].compartments, L), 4)
@@ -477,8 +644,11 @@ def save_stats(stats: LayerStats, out: Path) -> None:
             arrays[f"{sub.name}.compartments"] = np.asarray(sub.compartments, dtype=np.int64).reshape(-1, 2)
             if sub.cross is not None:
                 np.save(tmp / f"cross_{sub.name}.npy", sub.cross.blocks)
+            for rname, arr in (sub.replicates or {}).items():
+                arrays[f"{sub.name}.rep.{rname}"] = arr
         np.savez(tmp / "stats.npz", **arrays)
-        meta = {**stats.meta, "subsets": {s.name: s.n_tokens for s in subs}}
+        meta = {**stats.meta, "subsets": {s.name: s.n_tokens for s in subs},
+                "interval_notes": {s.name: s.interval_note for s in subs}}
         (tmp / "meta.json").write_text(json.dumps(meta, indent=2, default=str))
         write_rows_csv(tmp / "layers.csv", stats.layer_rows())
         write_rows_csv(tmp / "cka.csv", stats.cka_rows())
@@ -497,7 +667,10 @@ def load_stats(path: Path) -> LayerStats:
         ids = [int(i) for i in data[f"{name}.layer_ids"]]
         cross_path = path / f"cross_{name}.npy"
         cross = BlockCovariances(np.load(cross_path, mmap_mode="r"), ids, n) if cross_path.exists() else None
+        prefix = f"{name}.rep."
+        reps = {k[len(prefix):]: data[k] for k in data.files if k.startswith(prefix)} or None
         subs.append(SubsetStats(name, int(n), ids, *(data[f"{name}.{a}"] for a in _ARRAYS[:-1]),
                                 cka=data[f"{name}.cka"],
-                                compartments=[tuple(map(int, r)) for r in data[f"{name}.compartments"]], cross=cross))
+                                compartments=[tuple(map(int, r)) for r in data[f"{name}.compartments"]], cross=cross,
+                                replicates=reps, interval_note=meta.get("interval_notes", {}).get(name)))
     return LayerStats(meta["key"], meta, subs[0], subs[1] if len(subs) > 1 else None, path)

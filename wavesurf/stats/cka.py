@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from wavesurf.errors import StatsError
-from wavesurf.stats.moments import LayerMoments, States, config_differences, gather_layer_rows
+from wavesurf.stats.moments import LayerMoments, States, all_finite, config_differences, gather_layer_rows
 
 DEFAULT_MEMORY_BUDGET = 8 * 2**30  # bytes
 _MB_FORMAT = "wavesurf.stats.MinibatchCKA/1"
@@ -107,6 +107,72 @@ def choose_cka_estimator(n_layers_plus_one: int, dim: int, memory_budget_bytes: 
     return "exact" if need <= budget else "minibatch"
 
 
+def grouped_unbiased_hsic(xs: list[torch.Tensor], groups: torch.Tensor, n_groups: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Unbiased linear HSIC of all layer pairs on one minibatch, and on the minibatch without each group.
+
+    ``xs``: per layer ``[n, d]`` rows (any float dtype; centred here); ``groups``: ``[n]`` ids in
+    ``0..n_groups-1``. Returns ``(H [L, L], H_without [G, L, L])`` in float64; a group whose removal
+    leaves fewer than 4 rows gets zeros (that minibatch then counts for nothing in that replicate).
+
+    Uses the closed form (Song et al. 2012, eq. 5) with ``K~`` the Gram with zero diagonal:
+    ``HSIC = [tr(K~ L~) + 1'K~1 1'L~1 / ((m-1)(m-2)) - 2/(m-2) 1'K~L~1] / (m(m-3))``; each term of the
+    subset without group g is the full term minus what rows/columns of g add, from per-group row and
+    block sums of the Grams, so the G replicates cost one extra ``n^2/G``-sized GEMM per group.
+    """
+    L = len(xs)
+    n = xs[0].shape[0]
+    G = int(n_groups)
+    dev, dt = xs[0].device, xs[0].dtype
+    order = torch.argsort(groups, stable=True)
+    g_sorted = groups[order]
+    counts = torch.bincount(g_sorted, minlength=G)
+    bounds = [0] + torch.cumsum(counts, 0).tolist()
+    K = torch.empty(L, n, n, dtype=dt, device=dev)
+    for k, x in enumerate(xs):
+        x = x[order]
+        x = x - x.mean(dim=0)
+        torch.mm(x, x.T, out=K[k])
+        K[k].fill_diagonal_(0.0)
+    M = torch.zeros(n, G, dtype=dt, device=dev)
+    M[torch.arange(n, device=dev), g_sorted] = 1.0
+    r = K.sum(dim=2)                                   # [L, n] row sums (= column sums)
+    R = torch.matmul(K, M)                             # [L, n, G]: sum over columns in group g
+    flat = K.reshape(L, n * n)
+    A = torch.mm(flat, flat.T).double()                # tr(K~_i K~_j)
+    B = r.double().sum(dim=1)                          # 1'K~1
+    C = torch.mm(r, r.T).double()                      # 1'K~_i K~_j 1
+    A_row = torch.zeros(G, L, L, dtype=torch.float64, device=dev)
+    A_blk = torch.zeros(G, L, L, dtype=torch.float64, device=dev)
+    for g in range(G):
+        a, b = bounds[g], bounds[g + 1]
+        if b == a:
+            continue
+        rows = K[:, a:b, :].reshape(L, -1)
+        A_row[g] = torch.mm(rows, rows.T).double()
+        blk = K[:, a:b, a:b].reshape(L, -1)
+        A_blk[g] = torch.mm(blk, blk.T).double()
+    Md = M.double()
+    rg = torch.mm(r.double(), Md)                      # [L, G]: sum_{rows in g} row sums
+    Rd = R.double()
+    Kgg = torch.einsum("lng,ng->lg", Rd, Md)          # [L, G]: sum over the (g, g) block
+    A_wo = A[None] - 2 * A_row + A_blk
+    B_wo = B[None, :] - 2 * rg.T + Kgg.T               # [G, L]
+    keep = (1.0 - Md).T                                 # [G, n]: columns outside g
+    U = (r.double()[None] - Rd.permute(2, 0, 1)) * keep[:, None, :]   # [G, L, n]
+    C_wo = torch.bmm(U, U.transpose(1, 2))              # [G, L, L]
+
+    def combine(A_, B_, C_, m):
+        return (A_ + B_[..., :, None] * B_[..., None, :] / ((m - 1) * (m - 2)) - 2 * C_ / (m - 2)) / (m * (m - 3))
+
+    H = combine(A, B, C, float(n))
+    m_wo = (n - counts).double()
+    ok = m_wo >= 4
+    m_safe = torch.where(ok, m_wo, torch.full_like(m_wo, 8.0))[:, None, None]
+    H_wo = combine(A_wo, B_wo, C_wo, m_safe)
+    H_wo[~ok] = 0.0
+    return 0.5 * (H + H.T), 0.5 * (H_wo + H_wo.transpose(1, 2))
+
+
 class MinibatchCKA:
     """Unbiased minibatch linear CKA of all layer pairs (Nguyen, Raghu & Kornblith 2021).
 
@@ -121,10 +187,19 @@ class MinibatchCKA:
     """
 
     def __init__(self, layer_ids: list[int], meta: dict | None = None, device: str | torch.device = "cpu",
-                 gram_dtype: torch.dtype = torch.float64) -> None:
+                 gram_dtype: torch.dtype = torch.float64, n_groups: int = 0) -> None:
         """``gram_dtype=torch.float32`` builds the per-minibatch Grams in float32 (about 2x faster on
-        CPU; relative error ~1e-6, far below the estimator's sampling error); HSIC sums stay float64."""
+        CPU; relative error ~1e-6, far below the estimator's sampling error); HSIC sums stay float64.
+
+        ``n_groups`` >= 2 also keeps, for each resampling group of sequences, the HSIC sums of every
+        minibatch *without* that group's rows (:func:`grouped_unbiased_hsic`; ``update`` then needs
+        ``groups``), from which :meth:`replicates` gives leave-one-group-out CKA matrices for the
+        jackknife of :mod:`wavesurf.stats.resampling`. The whole minibatch's Grams are then held at
+        once (``L * n^2`` values of ``gram_dtype``)."""
+        from .resampling import check_groups
+
         self.gram_dtype = gram_dtype
+        self.n_groups = check_groups(n_groups)
         layer_ids = [int(x) for x in layer_ids]
         if not layer_ids:
             raise StatsError("layer_ids is empty; give at least one layer id")
@@ -139,6 +214,7 @@ class MinibatchCKA:
         self.device = torch.device(device)
         L = len(layer_ids)
         self._hsic = torch.zeros(L, L, dtype=torch.float64, device=self.device)
+        self._hsic_without = torch.zeros(self.n_groups, L, L, dtype=torch.float64, device=self.device)
         self._batches = 0
         self._n = 0
 
@@ -153,12 +229,25 @@ class MinibatchCKA:
         return self._batches
 
     def config(self) -> dict[str, Any]:
-        return {"layer_ids": list(self.layer_ids), "meta": self.meta}
+        return {"layer_ids": list(self.layer_ids), "meta": self.meta, "n_groups": self.n_groups}
 
     @torch.no_grad()
-    def update(self, states: States, mask: torch.Tensor | None = None) -> None:
-        """Add one minibatch: per layer ``[n, d]`` (or ``[B, T, d]`` with ``mask``); n >= 4 tokens."""
+    def update(self, states: States, mask: torch.Tensor | None = None, groups: torch.Tensor | None = None) -> None:
+        """Add one minibatch: per layer ``[n, d]`` (or ``[B, T, d]`` with ``mask``); n >= 4 tokens.
+        ``groups`` (int, same leading shape as the states): each row's resampling group, needed
+        exactly when the accumulator was built with ``n_groups``."""
         rows = gather_layer_rows(states, self.layer_ids, mask)
+        if self.n_groups:
+            if groups is None:
+                raise StatsError(f"this MinibatchCKA keeps {self.n_groups} resampling groups; pass groups= with every update")
+            groups = torch.as_tensor(groups)
+            groups = (groups[torch.as_tensor(mask)] if mask is not None else groups.reshape(-1)).to(self.device)
+            if groups.numel() != rows[0].shape[0]:
+                raise StatsError(f"{groups.numel()} group ids for {rows[0].shape[0]} rows")
+            if groups.numel() and (int(groups.min()) < 0 or int(groups.max()) >= self.n_groups):
+                raise StatsError(f"group ids must be in 0..{self.n_groups - 1}, got {int(groups.min())}..{int(groups.max())}")
+        elif groups is not None:
+            raise StatsError("groups= was given but this MinibatchCKA was built without n_groups")
         n = rows[0].shape[0]
         batch_no = self._batches + 1
         if n < 4:
@@ -166,10 +255,9 @@ class MinibatchCKA:
         L = len(self.layer_ids)
         xs, means = [], []
         for lid, r in zip(self.layer_ids, rows):
-            finite = torch.isfinite(r)
-            if not bool(finite.all()):
+            if not all_finite(r):
                 raise StatsError(
-                    f"layer {lid} in batch {batch_no} has {int((~finite).sum())} non-finite values (NaN/inf); "
+                    f"layer {lid} in batch {batch_no} has {int((~torch.isfinite(r)).sum())} non-finite values (NaN/inf); "
                     "nothing from this batch was accumulated"
                 )
             x = r.to(self.device, self.gram_dtype)
@@ -179,6 +267,13 @@ class MinibatchCKA:
             mu = mu - mu.sum() / (2 * (n - 1))
             xs.append(x)
             means.append(mu)
+        if self.n_groups:
+            H, H_without = grouped_unbiased_hsic(xs, groups, self.n_groups)
+            self._hsic.add_(H)
+            self._hsic_without.add_(H_without)
+            self._batches += 1
+            self._n += n
+            return
         chunk = max(1, min(n, _GRAM_CHUNK_ELEMENTS // (L * n)))
         H = torch.zeros(L, L, dtype=torch.float64, device=self.device)
         G = torch.empty(L, chunk, n, dtype=self.gram_dtype, device=self.device)
@@ -210,6 +305,18 @@ class MinibatchCKA:
         with np.errstate(invalid="ignore", divide="ignore"):
             return H / np.outer(root, root)
 
+    def replicates(self) -> np.ndarray:
+        """``[G, L, L]`` CKA of all minibatches with each resampling group's rows left out."""
+        if not self.n_groups:
+            raise StatsError("replicates need a MinibatchCKA built with n_groups >= 2")
+        if self._batches == 0:
+            raise StatsError("no minibatches accumulated; call update() first")
+        H = self._hsic_without.cpu().numpy()
+        diag = np.diagonal(H, axis1=1, axis2=2)
+        root = np.sqrt(np.where(diag > 0, diag, np.nan))
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return H / (root[:, :, None] * root[:, None, :])
+
     def hsic(self) -> np.ndarray:
         """Mean unbiased HSIC over minibatches, ``[L, L]``."""
         if self._batches == 0:
@@ -224,6 +331,7 @@ class MinibatchCKA:
         if diffs:
             raise StatsError("cannot merge MinibatchCKA accumulated with different settings: " + "; ".join(diffs))
         self._hsic.add_(other._hsic.to(self.device))
+        self._hsic_without.add_(other._hsic_without.to(self.device))
         self._batches += other._batches
         self._n += other._n
         return self
@@ -241,6 +349,8 @@ class MinibatchCKA:
         if world()[1] == 1:
             return self
         all_reduce_into_(self._hsic)
+        if self.n_groups:
+            all_reduce_into_(self._hsic_without)
         t = all_reduce_sum(torch.tensor([self._n, self._batches], dtype=torch.int64, device=collective_device()))
         self._n, self._batches = (int(v) for v in t.tolist())
         return self
@@ -251,6 +361,7 @@ class MinibatchCKA:
             "format": np.array(_MB_FORMAT),
             "config": np.array(json.dumps(self.config(), sort_keys=True)),
             "hsic_sum": self._hsic.cpu().numpy().copy(),
+            "hsic_without_sum": self._hsic_without.cpu().numpy().copy(),
             "n_batches": np.array(self._batches, dtype=np.int64),
             "n": np.array(self._n, dtype=np.int64),
         }
@@ -264,7 +375,9 @@ class MinibatchCKA:
             raise StatsError(f"not a MinibatchCKA state dict: missing key {exc}") from None
         if fmt != _MB_FORMAT:
             raise StatsError(f"not a MinibatchCKA state dict: format {fmt!r}, expected {_MB_FORMAT!r}")
-        obj = cls(cfg["layer_ids"], meta=cfg["meta"], device=device)
+        obj = cls(cfg["layer_ids"], meta=cfg["meta"], device=device, n_groups=cfg.get("n_groups", 0))
+        if obj.n_groups:
+            obj._hsic_without.copy_(torch.as_tensor(np.asarray(sd["hsic_without_sum"], dtype=np.float64)))
         h = torch.as_tensor(np.asarray(sd["hsic_sum"], dtype=np.float64))
         if tuple(h.shape) != tuple(obj._hsic.shape):
             raise StatsError(f"state dict 'hsic_sum' has shape {tuple(h.shape)}, expected {tuple(obj._hsic.shape)}")

@@ -94,6 +94,13 @@ def gather_layer_rows(
     return out
 
 
+def all_finite(x: Tensor) -> bool:
+    """Whether every value of ``x`` is finite, from one float64 sum (NaN and inf propagate through
+    it): a read of the data instead of a full-size ``isfinite`` mask, which cost as much as the
+    rank update itself on the statistics' batches."""
+    return bool(torch.isfinite(x.sum(dtype=torch.float64)))
+
+
 def l2_normalize_rows_(x: Tensor) -> Tensor:
     """Scale every row of ``x`` to unit L2 norm, in place (all-zero rows stay zero)."""
     norms = torch.linalg.vector_norm(x, dim=1, keepdim=True)
@@ -220,9 +227,8 @@ class LayerMoments:
         if n == 0:
             return
         for lid, r in zip(self.layer_ids, rows):
-            finite = torch.isfinite(r)
-            if not bool(finite.all()):
-                bad = int((~finite).sum())
+            if not all_finite(r):
+                bad = int((~torch.isfinite(r)).sum())
                 raise StatsError(
                     f"layer {lid} in batch {self._batches} has {bad} non-finite values (NaN/inf) "
                     f"among {n} selected rows x {self.dim} dims; nothing from this batch was accumulated"

@@ -87,7 +87,7 @@ def _capture_fields(s: Any) -> tuple:
 def _compute_shared(target: Any, missing: dict[str, Any], progress: bool) -> dict[str, Any]:
     from ..capture import capture
     from ..data import load_corpus
-    from .analysis import analysis_key, analyze, analyze_batches, result_dir, save_stats
+    from .analysis import analysis_key, analyze, analyze_batches, check_corpus_groups, result_dir, save_stats
 
     results: dict[str, Any] = {}
     groups: dict[tuple, list[str]] = {}
@@ -103,6 +103,8 @@ def _compute_shared(target: Any, missing: dict[str, Any], progress: bool) -> dic
             continue
         t0 = time.perf_counter()
         corpus = load_corpus(s0.dataset, split=s0.split, seed=s0.split_seed)
+        for name in group:
+            check_corpus_groups(missing[name], corpus)
         batches = list(capture(target, corpus, s0.max_tokens, max_len=s0.max_len,
                                batch_tokens=s0.batch_tokens, progress=progress))
         t_capture = time.perf_counter() - t0
@@ -110,7 +112,8 @@ def _compute_shared(target: Any, missing: dict[str, Any], progress: bool) -> dic
             t1 = time.perf_counter()
             settings = missing[name]
             key, params = analysis_key(target, settings)
-            stats = analyze_batches(batches, target.n_layers, target.hidden_size, settings, key=key, params=params)
+            stats = analyze_batches(batches, target.n_layers, target.hidden_size, settings, key=key, params=params,
+                                    corpus_order=[e.id for e in corpus.examples])
             stats.meta["seconds"] = round(time.perf_counter() - t1 + t_capture / len(group), 1)
             stats.meta["shared_capture"] = {"variants": len(group), "capture_seconds": round(t_capture, 1)}
             out = result_dir(target.name, key)
