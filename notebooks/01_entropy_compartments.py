@@ -56,7 +56,8 @@ fig, axes = plt.subplots(2, 2, figsize=(10, 6.2), sharex=True)
 panels = [("S1", "S₁ (α=1, nats)"), ("S1_norm", "S₁ / log min(n−1, d)"),
           ("S2", "S₂ (α=2, nats)"), ("S2_norm", "S₂ / log min(n−1, d)")]
 for ax, (key, ylabel) in zip(axes.ravel(), panels):
-    plots.plot_depth([("position 0 excluded", ids, cb[key]), ("position 0 included", ids, cp[key])],
+    plots.plot_depth([("position 0 excluded", ids, cb[key], cb.get(f"{key}_band")),
+                      ("position 0 included", ids, cp[key], cp.get(f"{key}_band"))],
                      ylabel, ax=ax, compartments=base.compartments, mark=target.default_layer_ids(),
                      styles=[{}, {"ls": "--", "marker": "x"}])
     ax.set_xlabel("")
@@ -74,17 +75,21 @@ blocks = base.compartments
 glue("n_tokens", f"{base.main.n_tokens:,}", display=False)
 glue("n_tokens_pos0", f"{pos0.main.n_tokens:,}", display=False)
 glue("s1_max_layer", ids[k_max], display=False)
-glue("s1_max", float(cb["S1"][k_max]), display=False)
+s1_jk = base.interval("entropy") if base.has_intervals else None
+glue("s1_max", paper.interval_text(cb["S1"][k_max], s1_jk, ".2f", k_max), display=False)
 glue("s1_max_norm", float(cb["S1_norm"][k_max]), display=False)
 glue("s1_min_layer", ids[k_min], display=False)
-glue("s1_min", float(cb["S1"][k_min]), display=False)
+glue("s1_min", paper.interval_text(cb["S1"][k_min], s1_jk, ".2f", k_min), display=False)
 glue("s1_embed", float(cb["S1"][0]), display=False)
 glue("s1_last", float(cb["S1"][-1]), display=False)
 glue("eff_rank_max", float(base.main.effective_rank[k_max]), display=False)
 glue("n_compartments", len(blocks), display=False)
 glue("compartments", ", ".join(f"{a}–{b}" for a, b in blocks), display=False)
 d1 = cp["S1"] - cb["S1"]
-glue("pos0_mean_shift", float(abs(np.mean(d1))), display=False)
+higher, lower = (base, pos0) if np.mean(d1) < 0 else (pos0, base)  # the shift as a positive number
+d1_jk = paper.paired_difference(higher, lower, "mean_entropy") if base.has_intervals and pos0.has_intervals else None
+glue("pos0_mean_shift", paper.interval_text(abs(np.mean(d1)), d1_jk, ".3f", verdict=True), display=False)
+glue("interval_note", paper.interval_note(base), display=False)
 glue("pos0_max_shift", float(np.max(np.abs(d1))), display=False)
 glue("pos0_max_shift_layer", ids[int(np.argmax(np.abs(d1)))], display=False)
 glue("pos0_direction", "lowers" if np.mean(d1) < 0 else "raises", display=False)
@@ -96,22 +101,24 @@ glue("default_blocks", ", ".join(f"C{next(b for b, (lo, hi) in enumerate(blocks)
 # %% [markdown]
 # ```{glue:figure} fig_entropy_depth
 # Matrix entropy of every layer id (vLLM convention) of this model on {glue:text}`n_tokens` statistics
-# positions. Top: α = 1; bottom: α = 2; left in nats, right normalised to [0, 1]. Shaded bands:
+# positions. Top: α = 1; bottom: α = 2; left in nats, right normalised to [0, 1]. Light bands
+# around the lines: 95% intervals over groups of conversations; shaded columns:
 # CKA compartments C1… ({glue:text}`compartments`); dotted verticals: the default EAGLE-3 layers
 # {glue:text}`default_ids`. **What to see:** how entropy changes across depth and where it
 # changes relative to the compartment boundaries, and how far keeping position 0 (dashed) moves it.
 # ```
 #
 # In this run the most informative layer by α = 1 entropy is id {glue:text}`s1_max_layer`
-# (S₁ = {glue:text}`s1_max:.2f` nats, {glue:text}`s1_max_norm:.2f` of the maximum, an effective rank
+# (S₁ = {glue:text}`s1_max` nats, {glue:text}`s1_max_norm:.2f` of the maximum, an effective rank
 # of {glue:text}`eff_rank_max:.0f` dimensions); the least informative block output is id
-# {glue:text}`s1_min_layer` (S₁ = {glue:text}`s1_min:.2f` nats). The embedding output (id 0) has
+# {glue:text}`s1_min_layer` (S₁ = {glue:text}`s1_min` nats). {glue:text}`interval_note` The embedding output (id 0) has
 # S₁ = {glue:text}`s1_embed:.2f` nats and the last block {glue:text}`s1_last:.2f` nats.
 # The CKA matrix splits depth into {glue:text}`n_compartments` compartments
 # ({glue:text}`compartments`); the default layers {glue:text}`default_ids` fall into
 # {glue:text}`default_blocks`.
 #
 # Keeping position 0 ({glue:text}`n_tokens_pos0` positions) {glue:text}`pos0_direction` the
-# α = 1 entropy by {glue:text}`pos0_mean_shift:.3f` nats on average, by up to
+# α = 1 entropy by {glue:text}`pos0_mean_shift` nats on average (paired interval: both runs
+# resample the same conversations), by up to
 # {glue:text}`pos0_max_shift:.3f` nats at layer {glue:text}`pos0_max_shift_layer` — one row per
 # sequence is enough to move a spectrum, which is why the statistics exclude it.

@@ -33,7 +33,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 from myst_nb import glue
 
-from wavesurf import plots
+from wavesurf import paper, plots
 from wavesurf.notebook import open_notebook
 from wavesurf.stats import variants
 
@@ -50,15 +50,24 @@ ids = base.layer_ids
 from wavesurf.stats.cka import cka_to_last, neighbour_cka
 
 nxt, last = neighbour_cka(base.cka), cka_to_last(base.cka)
+iv = base.has_intervals
+nxt_jk, last_jk = (base.interval("cka_next"), base.interval("cka_to_last")) if iv else (None, None)
 
 # %% tags=["hide-input"]
-fig = plt.figure(figsize=(11, 4.2))
-ax0 = fig.add_subplot(1, 2, 1)
+fig = plt.figure(figsize=(11, 6.0))
+grid = fig.add_gridspec(2, 2, height_ratios=[4.2, 1.5])
+ax0 = fig.add_subplot(grid[0, 0])
 plots.plot_cka_heatmap(base.main, ax=ax0, title="linear CKA (boxes: compartments)")
-ax1 = fig.add_subplot(1, 2, 2)
-plots.plot_depth([("CKA(i, i+1): next layer", ids[:-1], nxt), ("CKA(i, N): last block", ids, last)],
+ax1 = fig.add_subplot(grid[0, 1])
+plots.plot_depth([("CKA(i, i+1): next layer", ids[:-1], nxt, (nxt_jk.low, nxt_jk.high) if iv else None),
+                  ("CKA(i, N): last block", ids, last, (last_jk.low, last_jk.high) if iv else None)],
                  "linear CKA", ax=ax1, compartments=base.compartments, mark=target.default_layer_ids())
 ax1.set_ylim(0, 1.05)
+ax2 = fig.add_subplot(grid[1, 0])
+if iv:
+    plots.plot_boundary_frequency(ids, base.boundary_frequency(), ax=ax2, compartments=base.compartments)
+else:
+    ax2.set_axis_off()
 fig.tight_layout()
 plots.save_figure(fig, "figures/02_cka.png")
 glue("fig_cka", fig, display=False)
@@ -71,7 +80,7 @@ pos = {lid: k for k, lid in enumerate(ids)}
 pairs = [(a, b) for n, a in enumerate(default_ids) for b in default_ids[n + 1:]]
 glue("n_tokens", f"{base.main.n_tokens:,}", display=False)
 glue("estimator", base.meta["estimator_used"], display=False)
-glue("min_next", float(nxt[k_jump]), display=False)
+glue("min_next", paper.interval_text(nxt[k_jump], nxt_jk, ".3f", k_jump), display=False)
 glue("min_next_layer", ids[k_jump], display=False)
 glue("min_next_layer_to", ids[k_jump] + 1, display=False)
 glue("median_next", float(np.median(nxt)), display=False)
@@ -82,21 +91,33 @@ glue("first_half_last", half, display=False)
 glue("default_pairs", "; ".join(f"CKA({a}, {b}) = {base.cka[pos[a], pos[b]]:.2f}" for a, b in pairs), display=False)
 glue("default_mean_cka", float(np.mean([base.cka[pos[a], pos[b]] for a, b in pairs])), display=False)
 glue("n_compartments", len(base.compartments), display=False)
+starts = [ids.index(lo) for lo, _ in base.compartments[1:]]
+if iv and starts:
+    freq = base.boundary_frequency()
+    glue("boundary_sentence", "Across resamples that leave one group of conversations out, these boundaries recur in "
+         + ", ".join(f"{100 * freq[k]:.0f} %" for k in starts) + " of cases (id " + ", ".join(str(ids[k]) for k in starts)
+         + f"), and {int(np.sum(freq > 0) - len(starts))} other ids ever start a compartment.", display=False)
+else:
+    glue("boundary_sentence", "", display=False)
+glue("interval_note", paper.interval_note(base), display=False)
 
 # %% [markdown]
 # ```{glue:figure} fig_cka
 # Left: linear CKA between every pair of layer ids (vLLM convention; {glue:text}`estimator` estimator,
-# {glue:text}`n_tokens` positions), white boxes the compartments. Right: CKA of each layer with the
-# next one and with the last block; dotted verticals mark the default EAGLE-3 layers.
-# **What to see:** bright square blocks along the diagonal are groups of layers that share a
-# geometry; dips of the next-layer CKA mark where the representation turns over.
+# {glue:text}`n_tokens` positions), white boxes the compartments; below it, the share of resamples
+# (one group of conversations left out) in which a compartment starts at each id. Right: CKA of
+# each layer with the next one and with the last block, with 95% interval bands; dotted verticals
+# mark the default EAGLE-3 layers. **What to see:** bright square blocks along the diagonal are
+# groups of layers that share a geometry; dips of the next-layer CKA mark where the representation
+# turns over; a boundary that recurs in most resamples is a property of the model, not of the sample.
 # ```
 #
 # Neighbouring blocks are similar (median CKA(i, i+1) = {glue:text}`median_next:.3f`), except where
 # the representation turns over: the sharpest change is from id {glue:text}`min_next_layer` to
-# {glue:text}`min_next_layer_to` (CKA {glue:text}`min_next:.3f`). The embedding output has CKA
+# {glue:text}`min_next_layer_to` (CKA {glue:text}`min_next`). The embedding output has CKA
 # {glue:text}`cka_embed_last:.3f` with the last block, and the first layer whose CKA with the last
 # block reaches 0.5 is id {glue:text}`first_half_last`. The default layers are pairwise
 # {glue:text}`default_pairs` (mean {glue:text}`default_mean_cka:.3f`): they sit in different parts
 # of the {glue:text}`n_compartments` compartments: a rule spread over depth by construction
 # samples several compartments, one reason such defaults can stay competitive.
+# {glue:text}`boundary_sentence` {glue:text}`interval_note`

@@ -95,6 +95,11 @@ glue("combined_ids", paper.fmt_ids(chosen["combined"]), display=False)
 glue("default_red2", red_named[dname], display=False)
 glue("median_red2", float(np.median(red_all)), display=False)
 glue("max_pair_s2", float(np.max(pair_s2)), display=False)
+for m in ("aggregate", "combined"):  # each selected set minus the default, paired over resamples
+    delta = float(s2_named[f"{m} {paper.fmt_ids(chosen[m])}"] - s2_named[dname])
+    jk = stats.aggregate_entropy2_difference(chosen[m], default_ids) if stats.has_intervals else None
+    glue(f"{m}_minus_default", paper.interval_text(delta, jk, "+.3f", verdict=True), display=False)
+glue("interval_note", paper.interval_note(stats), display=False)
 if stats.has_cross_covariance:  # exact alpha=1 redundancy (needs the cross-layer covariances)
     r1 = {n: float(stats.redundancy(v, alpha=1.0)) for n, v in named.items()}
     glue("red1_sentence", "Their exact α = 1 redundancies are " + ", ".join(f"{v:.3f} nats ({n})" for n, v in r1.items())
@@ -120,5 +125,7 @@ else:
 # {glue:text}`median_s2:.3f` nats and the best set {glue:text}`best_ids` reaches
 # {glue:text}`best_s2:.3f` nats. The maximum-aggregate-entropy method (re-ranked by α = 1) picks
 # {glue:text}`aggregate_ids`; the combined entropy/CKA score picks {glue:text}`combined_ids`.
+# Against the default, their S₂ differs by {glue:text}`aggregate_minus_default` and
+# {glue:text}`combined_minus_default` nats. {glue:text}`interval_note`
 # The default set's α = 2 redundancy is {glue:text}`default_red2:.3f` nats (median over sets
 # {glue:text}`median_red2:.3f`). {glue:text}`red1_sentence`

@@ -63,7 +63,8 @@ ids = sel.layer_ids
 fig, axes = plt.subplots(2, 2, figsize=(10, 7))
 axes = axes.ravel()
 cf, cr = paper.depth_curves(sel), paper.depth_curves(ctrl)
-plots.plot_depth([(f"filtered ({sel.meta['filter']['filter']})", ids, cf["S1_norm"]), ("random, same size", ids, cr["S1_norm"])],
+plots.plot_depth([(f"filtered ({sel.meta['filter']['filter']})", ids, cf["S1_norm"], cf.get("S1_norm_band")),
+                  ("random, same size", ids, cr["S1_norm"], cr.get("S1_norm_band"))],
                  "normalised S₁", ax=axes[0], compartments=sel.compartments, styles=[{}, {"ls": "--", "marker": "s"}])
 axes[0].set_xlabel("layer id (vLLM)")
 plots.plot_sweep(rows, "mean_normalized_entropy", "mean normalised S₁ over layers", ax=axes[1])
@@ -79,10 +80,17 @@ from IPython.display import HTML
 
 cols = ["filter", "subset", "threshold_nats", "kept_fraction", "tokens", "mean_normalized_entropy",
         "mean_neighbour_cka", "mean_cka_to_last", "n_compartments", "selected_ids"]
+if any("mean_neighbour_cka_minus_random" in r for r in rows):  # filtered minus random, with its interval
+    cols[-1:-1] = ["mean_neighbour_cka_minus_random", "mean_neighbour_cka_minus_random_low",
+                   "mean_neighbour_cka_minus_random_high", "selected_in_resamples"]
 HTML(plots.html_table(rows, cols, headers={"threshold_nats": "threshold (nats)", "kept_fraction": "kept",
                                            "mean_normalized_entropy": "mean S₁/max", "mean_neighbour_cka": "mean CKA(i,i+1)",
                                            "mean_cka_to_last": "mean CKA(i,N)", "n_compartments": "compartments",
-                                           "selected_ids": "combined picks"}))
+                                           "selected_ids": "combined picks",
+                                           "mean_neighbour_cka_minus_random": "Δ CKA(i,i+1) vs random",
+                                           "mean_neighbour_cka_minus_random_low": "Δ 95% low",
+                                           "mean_neighbour_cka_minus_random_high": "Δ 95% high",
+                                           "selected_in_resamples": "same picks in resamples"}))
 
 # %% tags=["remove-input"]
 f = sel.meta["filter"]
@@ -96,7 +104,14 @@ glue("threshold", float(f["threshold_nats"]), display=False)
 glue("kept_percent", 100 * float(f["kept_fraction"]), display=False)
 glue("kept_tokens", f"{f['kept_tokens']:,}", display=False)
 glue("candidate_tokens", f"{f['candidate_tokens']:,}", display=False)
-glue("mean_entropy_gain", float(np.mean(de)), display=False)
+iv = sel.has_intervals and ctrl.has_intervals
+from wavesurf.stats.cka import cka_to_last, neighbour_cka
+
+for name, q, value in (("mean_entropy_gain", "mean_normalized_entropy", np.mean(de)),
+                       ("next_cka_gain", "mean_cka_next", np.mean(neighbour_cka(sel.cka)) - np.mean(neighbour_cka(ctrl.cka))),
+                       ("last_cka_gain", "mean_cka_to_last", np.mean(cka_to_last(sel.cka)) - np.mean(cka_to_last(ctrl.cka)))):
+    glue(name, paper.interval_text(value, sel.control_difference(q) if iv else None, "+.4f", verdict=True), display=False)
+glue("interval_note", paper.interval_note(sel), display=False)
 glue("layers_higher", int(np.sum(de > 0)), display=False)
 glue("n_ids", len(ids), display=False)
 glue("sel_filtered", paper.fmt_ids(sel_f), display=False)
@@ -112,15 +127,19 @@ glue("n_filters", len(names) - 1, display=False)
 # {glue:text}`filter` (solid) and on a random subset of the same size (dashed). The other three:
 # summaries against the kept fraction for {glue:text}`n_filters` thresholds (1 = no filter):
 # mean normalised entropy, mean next-layer CKA, mean CKA with the last block, filtered (circles)
-# against random (squares). **What to see:** the gap between filtered and random curves is the
-# effect of choosing uncertain positions; the random curve alone shows what a smaller sample does.
+# against random (squares); bands and whiskers are 95% intervals over groups of conversations.
+# **What to see:** the gap between filtered and random curves is the effect of choosing uncertain
+# positions, when it is wider than the whiskers; the random curve alone shows what a smaller sample does.
 # ```
 #
 # The filter {glue:text}`filter` keeps tokens whose next-token entropy is at least
 # {glue:text}`threshold:.3f` nats: {glue:text}`kept_tokens` of {glue:text}`candidate_tokens`
 # positions ({glue:text}`kept_percent:.1f` %). On them the normalised entropy differs from the
-# random control by {glue:text}`mean_entropy_gain:+.4f` on average and is higher at
-# {glue:text}`layers_higher` of {glue:text}`n_ids` layer ids. The combined selection picks
+# random control by {glue:text}`mean_entropy_gain` on average and is higher at
+# {glue:text}`layers_higher` of {glue:text}`n_ids` layer ids; the mean next-layer CKA differs by
+# {glue:text}`next_cka_gain` and the mean CKA to the last block by {glue:text}`last_cka_gain`
+# (filtered minus random, paired: both subsets come from the same conversations).
+# {glue:text}`interval_note` The combined selection picks
 # {glue:text}`sel_filtered` on filtered positions, {glue:text}`sel_random` on the random control
 # ({glue:text}`sets_agree`) and {glue:text}`sel_all` without a filter; filtered and random
 # compartments agree at {glue:text}`compartments_agree:.2f` (adjusted agreement, 1 = identical).

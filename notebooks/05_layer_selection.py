@@ -52,12 +52,15 @@ by = {r["method"]: r for r in rows}
 # %% tags=["remove-input"]
 from IPython.display import HTML
 
+iv_cols = ["delta_aggregate_entropy2_low", "delta_aggregate_entropy2_high", "chosen_in_resamples"] if stats.has_intervals else []
 HTML(plots.html_table(
     rows, ["method", "layer_ids", "sglang_layer_ids", "mean_entropy_nats", "mean_pairwise_cka", "aggregate_entropy2_nats",
-           "redundancy2_nats", "delta_aggregate_entropy2_vs_default"],
+           "redundancy2_nats", "delta_aggregate_entropy2_vs_default", *iv_cols],
     headers={"layer_ids": "ids (vLLM)", "sglang_layer_ids": "ids (SGLang)", "mean_entropy_nats": "mean S₁ (nats)",
              "mean_pairwise_cka": "mean CKA", "aggregate_entropy2_nats": "S₂ of set (nats)",
-             "redundancy2_nats": "R₂ (nats)", "delta_aggregate_entropy2_vs_default": "ΔS₂ vs default (nats)"}))
+             "redundancy2_nats": "R₂ (nats)", "delta_aggregate_entropy2_vs_default": "ΔS₂ vs default (nats)",
+             "delta_aggregate_entropy2_low": "ΔS₂ 95% low", "delta_aggregate_entropy2_high": "ΔS₂ 95% high",
+             "chosen_in_resamples": "same set in resamples"}))
 
 # %% tags=["remove-input"]
 HTML(plots.html_table(rows, ["method", "reason"]))
@@ -86,7 +89,15 @@ best = max(others, key=lambda m: by[m]["aggregate_entropy2_nats"])
 glue("n_methods", len(others), display=False)
 glue("n_differ", sum(not by[m]["same_as_default"] for m in others), display=False)
 glue("best_method", best, display=False)
-glue("best_gain", float(by[best]["delta_aggregate_entropy2_vs_default"]), display=False)
+best_jk = stats.aggregate_entropy2_difference(sets[best], sets["default"]) if stats.has_intervals else None
+glue("best_gain", paper.interval_text(by[best]["delta_aggregate_entropy2_vs_default"], best_jk, "+.3f", verdict=True),
+     display=False)
+if stats.has_intervals:
+    glue("recurrence_sentence", "Leaving out one group of conversations at a time, each method picks the same set in "
+         + ", ".join(f"{100 * by[m]['chosen_in_resamples']:.0f} % ({m})" for m in others) + " of resamples.",
+         display=False)
+else:
+    glue("recurrence_sentence", paper.interval_note(stats), display=False)
 glue("n_tokens", f"{stats.main.n_tokens:,}", display=False)
 glue("filter", stats.meta["filter"]["filter"], display=False)
 
@@ -103,5 +114,5 @@ glue("filter", stats.meta["filter"]["filter"], display=False)
 # per CKA compartment {glue:text}`ids_cka` and the combined score {glue:text}`ids_combined`
 # (mean pairwise CKA {glue:text}`cka_combined:.3f`). {glue:text}`n_differ` of the
 # {glue:text}`n_methods` methods differ from the default; the largest aggregate-entropy gain over
-# it is {glue:text}`best_gain:+.3f` nats ({glue:text}`best_method`). Whether these sets also make
-# better drafters is measured in the drafter chapters.
+# it is {glue:text}`best_gain` nats ({glue:text}`best_method`). {glue:text}`recurrence_sentence`
+# Whether these sets also make better drafters is measured in the drafter chapters.

@@ -35,7 +35,8 @@ def sharegpt():
 
 
 # A small real capture of ShareGPT's statistics split, shared by the statistics and selection tests.
-SMALL = {"dataset": "sharegpt", "split": "stats", "max_tokens": 1500, "max_len": 128, "batch_tokens": 1024}
+SMALL = {"dataset": "sharegpt", "split": "stats", "max_tokens": 1500, "max_len": 128, "batch_tokens": 1024,
+         "resample_groups": 4}
 
 
 @pytest.fixture(scope="session")
@@ -46,6 +47,15 @@ def small_batches(smollm):
     corpus = load_corpus(SMALL["dataset"], split=SMALL["split"])
     return list(capture(smollm, corpus, SMALL["max_tokens"], max_len=SMALL["max_len"],
                         batch_tokens=SMALL["batch_tokens"], progress=False))
+
+
+@pytest.fixture(scope="session")
+def interval_stats(small_batches):
+    """A filtered run with its random control and resampling intervals (4 groups of conversations)."""
+    from wavesurf.stats.analysis import AnalysisSettings, analyze_batches
+
+    return analyze_batches(small_batches, 30, 576, AnalysisSettings(filter="q0.2", estimator="minibatch", minibatch_size=64,
+                                                                    pilot_tokens=256, resample_groups=4))
 
 
 @pytest.fixture(scope="session")

@@ -65,7 +65,7 @@ def test_parser_has_verbs():
     assert {"models", "datasets", "capture"} <= set(verbs)
 
 
-SMALL_ARGS = ["--max-tokens", "1500", "--max-len", "128", "--batch-tokens", "1024", "--quiet"]
+SMALL_ARGS = ["--max-tokens", "1500", "--max-len", "128", "--batch-tokens", "1024", "--resample-groups", "4", "--quiet"]
 
 
 def test_analyze_and_select_use_the_cache(small_stats, capsys):
@@ -73,9 +73,12 @@ def test_analyze_and_select_use_the_cache(small_stats, capsys):
     summary = json.loads(capsys.readouterr().out)
     assert summary["key"] == small_stats.key and summary["layer_convention"] == "vllm"
     assert len(summary["entropy_nats"]) == 31 and summary["compartments"][0][0] == 0
+    lo, hi = summary["entropy_95ci_nats"]["15"]
+    assert lo < summary["entropy_nats"]["15"] < hi
     assert main(["select", "--k", "3", "--method", "aggregate", *SMALL_ARGS]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["convention"] == "vllm" and out["sglang_layer_ids"] == [i - 1 for i in out["layer_ids"]]
+    assert 0.0 <= out["chosen_in_resamples"] <= 1.0
     assert main(["select", "--method", "default", "--eagle-config", "specforge", *SMALL_ARGS]) == 0
     snippet = json.loads(capsys.readouterr().out)
     assert snippet == {"eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 14, 26], "use_aux_hidden_state": True}}
@@ -90,6 +93,11 @@ def test_analyze_and_select_use_the_cache(small_stats, capsys):
 def test_analysis_errors_exit_2(capsys, argv, message):
     assert main(argv + SMALL_ARGS) == 2
     assert message in capsys.readouterr().err
+
+
+def test_bad_resample_groups_exit_2_before_any_model_work(capsys):
+    assert main(["analyze", *SMALL_ARGS, "--resample-groups", "1"]) == 2  # the last value wins
+    assert "resample_groups=1 is not allowed" in capsys.readouterr().err
 
 
 def test_import_and_help_do_not_load_torch_and_submodules_resolve():

@@ -122,6 +122,33 @@ def test_selection_and_sweep_rows(small_stats, tmp_path):
         stats_variants.control_view(small_stats)
 
 
+def test_selection_and_sweep_rows_carry_intervals(interval_stats):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from wavesurf import plots
+
+    rows = paper.selection_rows(interval_stats, k=3)
+    for r in rows:
+        assert 0.0 <= r["chosen_in_resamples"] <= 1.0
+        assert r["delta_aggregate_entropy2_low"] <= r["delta_aggregate_entropy2_vs_default"] <= r["delta_aggregate_entropy2_high"]
+    assert rows[0]["chosen_in_resamples"] == 1.0  # the fixed default rule never changes
+    sweep = paper.sweep_rows({"q0.2": interval_stats})
+    filt = next(r for r in sweep if r["subset"] == "filtered")
+    assert filt["mean_neighbour_cka_low"] <= filt["mean_neighbour_cka"] <= filt["mean_neighbour_cka_high"]
+    diff = interval_stats.control_difference("mean_cka_next")
+    assert filt["mean_neighbour_cka_minus_random"] == pytest.approx(float(diff.estimate), abs=1e-4)
+    text = paper.fmt_interval(diff, ".4f")
+    assert text.startswith(f"{float(diff.estimate):.4f} (95% CI ")
+    assert paper.noise_verdict(diff) == ("within noise" if diff.low <= 0 <= diff.high else "beyond noise")
+    assert "grouped-jackknife" in paper.interval_note(interval_stats)
+    ax = plots.plot_sweep(sweep, "mean_neighbour_cka", "mean CKA(i, i+1)")
+    assert len(ax.containers) == 2  # whiskers on both subsets
+    curves = paper.depth_curves(interval_stats)
+    lo, hi = curves["S1_band"]
+    assert np.all(lo <= curves["S1"]) and np.all(curves["S1"] <= hi)
+
+
 def test_cached_results_match_settings_exactly(small_stats):
     from dataclasses import replace
 
@@ -141,7 +168,7 @@ def test_profile_stats_one_capture_equals_separate_analyses(smollm, monkeypatch)
     monkeypatch.setitem(PROFILES, "tiny", {"description": "test", "drafter": {}, "analysis": {
         "max_tokens": 900, "max_len": 96, "batch_tokens": 768, "pilot_tokens": 8192, "estimator": "minibatch",
         "selection_filter": "q0.25", "selection_estimator": "minibatch", "sweep_filters": [],
-        "sweep_estimator": "minibatch", "minibatch_size": 64}})
+        "sweep_estimator": "minibatch", "minibatch_size": 64, "resample_groups": 3}})
     params = check_parameters("smollm2-135m", "sharegpt", None, "tiny", 0, "cpu")
     variants = stats_variants.analysis_variants(params)
     for s in variants.values():  # start from an empty cache for these settings
@@ -153,6 +180,10 @@ def test_profile_stats_one_capture_equals_separate_analyses(smollm, monkeypatch)
     np.testing.assert_allclose(got["selection"].entropy, alone.entropy, rtol=1e-6)
     np.testing.assert_allclose(got["selection"].cka, alone.cka, rtol=1e-5, atol=1e-6)
     assert got["selection"].meta["filter"] == alone.meta["filter"]
+    # the resampling groups follow the corpus order, not the batching: same replicates (or same note)
+    assert got["selection"].main.interval_note == alone.main.interval_note
+    if alone.has_intervals:
+        np.testing.assert_allclose(got["selection"].main.replicates["entropy"], alone.main.replicates["entropy"], rtol=1e-6)
     assert got["position0"].main.n_tokens > got["base"].main.n_tokens  # position 0 rows are added
     again = stats_variants.profile_stats(smollm, params, ["selection"], progress=False)  # from the cache now
     assert again["selection"].path is not None and "shared_capture" in again["selection"].meta

@@ -56,11 +56,13 @@ def describe_differences(old: Mapping[str, Any], new: Mapping[str, Any]) -> str:
 
 
 def write_rows_csv(path: Path, rows: Sequence[Mapping[str, Any]], float_format: str = ".10g") -> Path:
-    """Tidy CSV, header from the first row's keys; floats (numpy ones too) with ``float_format``."""
+    """Tidy CSV; the header is every key in order of first appearance (a row without a column gets
+    an empty cell); floats (numpy ones too) with ``float_format``."""
     import numpy as np
 
+    fields = list(dict.fromkeys(k for row in rows for k in row))
     with open(path, "w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        writer = csv.DictWriter(fh, fieldnames=fields, restval="")
         writer.writeheader()
         for row in rows:
             writer.writerow({k: (format(float(v), float_format) if isinstance(v, float | np.floating) else v)

@@ -117,7 +117,7 @@ def _analysis_settings(args: argparse.Namespace):
         max_tokens=args.max_tokens, max_len=args.max_len, batch_tokens=args.batch_tokens, roles=args.roles,
         filter=args.filter, pilot_tokens=args.pilot_tokens, include_position0=args.include_position0,
         l2_normalize=args.l2_normalize, estimator=args.estimator, memory_budget_gb=args.memory_budget_gb,
-        minibatch_size=args.minibatch_size, seed=args.seed,
+        minibatch_size=args.minibatch_size, seed=args.seed, resample_groups=args.resample_groups,
     )
 
 
@@ -158,6 +158,12 @@ def cmd_analyze(args: argparse.Namespace) -> int:
         "compartments": [list(c) for c in main.compartments],
         "seconds": stats.meta["seconds"],
     }
+    if stats.has_intervals:
+        jk = stats.interval("entropy")
+        summary["entropy_95ci_nats"] = {int(i): [round(float(lo), 4), round(float(hi), 4)]
+                                        for i, lo, hi in zip(main.layer_ids, jk.low, jk.high)}
+    else:
+        summary["intervals"] = main.interval_note
     if stats.control is not None:
         summary["random_control_entropy_nats"] = {int(i): round(float(e), 4)
                                                   for i, e in zip(stats.control.layer_ids, stats.control.entropy)}
@@ -183,6 +189,10 @@ def cmd_select(args: argparse.Namespace) -> int:
     # which export formats can serve these ids (none when the set holds id 0 or N, which no serving
     # stack captures): known before a drafter is trained on them
     out["export_formats"] = servable_formats(selection.layer_ids, target.n_layers)
+    if stats.has_intervals and candidates is None:  # how often the set recurs, one group of conversations left out
+        same = [select_layers(v, k=args.k, method=args.method, **options).layer_ids == selection.layer_ids
+                for v in stats.replicate_views()]
+        out["chosen_in_resamples"] = round(sum(same) / len(same), 4)
     if args.eagle_config:
         out = selection.eagle_config(args.eagle_config)
     _print_json(out)
@@ -348,6 +358,9 @@ def _add_analysis_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--memory-budget-gb", type=float, default=8.0, help="memory for exact cross-layer moments (default 8)")
     p.add_argument("--minibatch-size", type=_positive_int, default=512, help="tokens per CKA minibatch (default 512)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random control and minibatch shuffling (default 0)")
+    p.add_argument("--resample-groups", type=int, default=10,
+                   help="groups of conversations for 95%% jackknife intervals on every statistic, from the same "
+                        "pass; 0 turns them off (default 10)")
     p.add_argument("--no-cache", action="store_true", help="recompute and do not store the result")
     _add_runtime_options(p)
 

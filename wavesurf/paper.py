@@ -84,6 +84,7 @@ def selection_rows(stats: Any, k: int = 3, methods: Sequence[str] | None = None,
         methods.remove("default")
     rows = []
     default = select_layers(stats, k=3, method="default") if k == 3 else None
+    views = stats.replicate_views() if getattr(stats, "has_intervals", False) else []
     for m in methods:
         sel = select_layers(stats, k=k, method=m, **options.get(m, {}))
         s = sel.scores
@@ -100,6 +101,13 @@ def selection_rows(stats: Any, k: int = 3, methods: Sequence[str] | None = None,
         if default is not None:
             row["delta_aggregate_entropy2_vs_default"] = round(
                 s["aggregate_entropy2_nats"] - default.scores["aggregate_entropy2_nats"], 4)
+            if views:
+                jk = stats.aggregate_entropy2_difference(sel.layer_ids, default.layer_ids)
+                row["delta_aggregate_entropy2_low"] = round(float(jk.low), 4)
+                row["delta_aggregate_entropy2_high"] = round(float(jk.high), 4)
+        if views:  # how often the same set is chosen with one group of sequences left out
+            same = [select_layers(v, k=k, method=m, **options.get(m, {})).layer_ids == sel.layer_ids for v in views]
+            row["chosen_in_resamples"] = round(float(np.mean(same)), 4)
         rows.append(row)
     return rows
 
@@ -128,6 +136,18 @@ def sweep_rows(stats_by_variant: dict[str, Any], method: str = "combined", k: in
             views.append(("random", control_view(stats)))
         for subset, view in views:
             sel = select_layers(view, k=k, method=method)
+            ivals: dict[str, Any] = {}
+            if getattr(view, "has_intervals", False):
+                for col, q in _SWEEP_METRICS.items():
+                    jk = view.interval(q)
+                    ivals[f"{col}_low"], ivals[f"{col}_high"] = round(float(jk.low), 4), round(float(jk.high), 4)
+                    if subset == "filtered" and stats.control.replicates is not None:
+                        dj = stats.control_difference(q)
+                        ivals[f"{col}_minus_random"] = round(float(dj.estimate), 4)
+                        ivals[f"{col}_minus_random_low"] = round(float(dj.low), 4)
+                        ivals[f"{col}_minus_random_high"] = round(float(dj.high), 4)
+                ivals["selected_in_resamples"] = round(float(np.mean(
+                    [select_layers(v, k=k, method=method).layer_ids == sel.layer_ids for v in view.replicate_views()])), 4)
             rows.append({
                 "variant": name, "filter": f["filter"], "subset": subset,
                 "threshold_nats": f["threshold_nats"] if f["threshold_nats"] is not None else "",
@@ -139,9 +159,66 @@ def sweep_rows(stats_by_variant: dict[str, Any], method: str = "combined", k: in
                 "mean_cka_to_last": round(float(np.mean(cka_to_last(view.cka))), 4),
                 "n_compartments": len(view.compartments),
                 "compartments": " ".join(f"{a}-{b}" for a, b in view.compartments),
-                "method": method, "selected_ids": " ".join(map(str, sel.layer_ids)),
+                "method": method, "selected_ids": " ".join(map(str, sel.layer_ids)), **ivals,
             })
     return rows
+
+
+#: Columns of :func:`sweep_rows` and the LayerStats quantities they average over layers.
+_SWEEP_METRICS = {"mean_entropy_nats": "mean_entropy", "mean_normalized_entropy": "mean_normalized_entropy",
+                  "mean_neighbour_cka": "mean_cka_next", "mean_cka_to_last": "mean_cka_to_last"}
+
+
+# ---------------------------------------------------------------------------------------------
+# intervals in prose
+def fmt_interval(jk: Any, fmt: str = ".3f", index: Any = None) -> str:
+    """``"0.123 (95% CI 0.110 to 0.136)"`` for a :class:`~wavesurf.stats.resampling.Jackknife`
+    (``index`` picks one entry of an array-valued one)."""
+    pick = (lambda a: float(np.asarray(a)[index])) if index is not None else (lambda a: float(a))
+    level = int(round(100 * jk.level))
+    return f"{pick(jk.estimate):{fmt}} ({level}% CI {pick(jk.low):{fmt}} to {pick(jk.high):{fmt}})"
+
+
+def interval_text(value: float, jk: Any | None, fmt: str = ".3f", index: Any = None, verdict: bool = False) -> str:
+    """``value`` with its interval (:func:`fmt_interval`), or the bare value when ``jk`` is None (a
+    run without intervals); ``verdict=True`` (differences) appends "within noise"/"beyond noise"."""
+    if jk is None:
+        return f"{float(value):{fmt}} (no interval)"
+    text = fmt_interval(jk, fmt, index)
+    return text[:-1] + f"; {noise_verdict(jk, index)})" if verdict else text
+
+
+def noise_verdict(jk: Any, index: Any = None) -> str:
+    """``"within noise"`` where the interval of a difference covers 0, else ``"beyond noise"``."""
+    lo, hi = (float(np.asarray(jk.low)[index]), float(np.asarray(jk.high)[index])) if index is not None else (
+        float(jk.low), float(jk.high))
+    return "within noise" if lo <= 0.0 <= hi else "beyond noise"
+
+
+def paired_difference(stats_a: Any, stats_b: Any, quantity: str, level: float = 0.95) -> Any:
+    """``quantity`` of ``stats_a`` minus that of ``stats_b`` (two runs over the same corpus, e.g.
+    with and without position 0), with a paired jackknife interval: both runs deal the same
+    conversations to the same resampling groups. Refuses runs with different group counts."""
+    from .stats.resampling import jackknife, values_and_replicates
+
+    ga = stats_a.meta.get("intervals", {}).get("groups")
+    gb = stats_b.meta.get("intervals", {}).get("groups")
+    if ga != gb or stats_a.meta.get("dataset") != stats_b.meta.get("dataset"):
+        raise WavesurfError(f"a paired difference needs runs on the same corpus with the same resampling groups; "
+                            f"got {ga} groups on {stats_a.meta.get('dataset')!r} and {gb} on {stats_b.meta.get('dataset')!r}")
+    ea, ra = values_and_replicates(stats_a.main, quantity)
+    eb, rb = values_and_replicates(stats_b.main, quantity)
+    return jackknife(ea - eb, ra - rb, level=level)
+
+
+def interval_note(stats: Any) -> str:
+    """One sentence on the intervals of a run: how they are computed, or why there are none."""
+    iv = stats.meta.get("intervals", {})
+    if getattr(stats, "has_intervals", False):
+        return (f"Intervals are 95% grouped-jackknife intervals over {iv.get('groups')} groups of whole "
+                f"conversations, from the same pass ({iv.get('exact_cka', '')} for CKA).")
+    note = (stats.main.interval_note or "resample_groups=0").rstrip(".")
+    return f"This run has no intervals ({note})."
 
 
 # ---------------------------------------------------------------------------------------------
@@ -155,12 +232,17 @@ def fmt_ids(ids: Iterable[int]) -> str:
 
 def depth_curves(stats: Any) -> dict[str, np.ndarray]:
     """Per-layer matrix entropy of the main subset: alpha 1 and 2, in nats and normalised by the
-    maximum ``log min(n - 1, d)``."""
+    maximum ``log min(n - 1, d)``; with resampling replicates also ``<key>_band`` = (low, high)."""
     from .stats.entropy import max_entropy
 
     top = max_entropy(int(stats.main.n_tokens), int(stats.meta["hidden_size"]))
-    return {"S1": np.asarray(stats.entropy), "S2": np.asarray(stats.entropy2),
-            "S1_norm": np.asarray(stats.entropy) / top, "S2_norm": np.asarray(stats.entropy2) / top}
+    out = {"S1": np.asarray(stats.entropy), "S2": np.asarray(stats.entropy2),
+           "S1_norm": np.asarray(stats.entropy) / top, "S2_norm": np.asarray(stats.entropy2) / top}
+    if getattr(stats, "has_intervals", False):  # "<key>_band": (low, high) of the 95% interval
+        j1, j2 = stats.interval("entropy"), stats.interval("entropy2")
+        out.update(S1_band=(j1.low, j1.high), S2_band=(j2.low, j2.high),
+                   S1_norm_band=(j1.low / top, j1.high / top), S2_norm_band=(j2.low / top, j2.high / top))
+    return out
 
 
 def profile_speed_table(target: Any, params: NotebookParams, k: int = 3, progress: bool = True) -> tuple[list, Any, Any]:

@@ -63,6 +63,26 @@ def plot_cka_heatmap(sub: Any, ax: Any = None, title: str | None = None, compart
     return ax
 
 
+def plot_boundary_frequency(layer_ids: Sequence[int], frequency: Sequence[float], ax: Any = None,
+                            compartments: Sequence[tuple[int, int]] | None = None) -> Any:
+    """Bars: share of leave-one-group-out resamples whose CKA compartments start a new one at each
+    layer id; the full-data boundaries are marked with triangles."""
+    import matplotlib.pyplot as plt
+
+    use_style()
+    if ax is None:
+        _, ax = plt.subplots(figsize=(6.4, 1.8))
+    ax.bar(layer_ids, frequency, width=0.8, color="tab:blue", alpha=0.7)
+    starts = [lo for lo, _ in (compartments or [])[1:]]
+    if starts:
+        ax.plot(starts, [1.04] * len(starts), "v", color="tab:red", ms=5, label="boundary on all data")
+        ax.legend(fontsize=7, loc="upper right")
+    ax.set_ylim(0, 1.1)
+    ax.set_xlabel("layer id (vLLM): a compartment starts here")
+    ax.set_ylabel("share of resamples")
+    return ax
+
+
 # ---------------------------------------------------------------------------------------------
 # Figures of the paper-companion notebooks (one function per kind of figure; notebooks only call)
 def shade_compartments(ax: Any, compartments: Sequence[tuple[int, int]], label: bool = True) -> None:
@@ -74,10 +94,11 @@ def shade_compartments(ax: Any, compartments: Sequence[tuple[int, int]], label: 
                     fontsize=8, color="0.35")
 
 
-def plot_depth(series: Sequence[tuple[str, Sequence[float], Sequence[float]]], ylabel: str, ax: Any = None,
+def plot_depth(series: Sequence[tuple[Any, ...]], ylabel: str, ax: Any = None,
                xlabel: str = LAYER_AXIS, compartments: Sequence[tuple[int, int]] | None = None,
                mark: Sequence[int] | None = None, title: str | None = None, styles: Sequence[dict] | None = None) -> Any:
-    """Lines of a per-layer quantity across depth: ``series`` is [(label, x, y)]."""
+    """Lines of a per-layer quantity across depth: ``series`` is [(label, x, y)] or
+    [(label, x, y, (low, high))], the latter drawn with a shaded 95% interval band."""
     import matplotlib.pyplot as plt
 
     use_style()
@@ -85,16 +106,18 @@ def plot_depth(series: Sequence[tuple[str, Sequence[float], Sequence[float]]], y
         _, ax = plt.subplots(figsize=(6.4, 3.4))
     if compartments:
         shade_compartments(ax, compartments)
-    for n, (label, x, y) in enumerate(series):
+    for n, (label, x, y, *band) in enumerate(series):
         style = {"marker": "o", "ms": 3, **((styles or [{}] * len(series))[n])}
-        ax.plot(x, y, label=label, **style)
+        (line,) = ax.plot(x, y, label=label, **style)
+        if band and band[0] is not None:
+            ax.fill_between(x, band[0][0], band[0][1], color=line.get_color(), alpha=0.2, lw=0)
     for i in mark or []:
         ax.axvline(i, color="0.4", lw=0.8, ls=":")
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     if title:
         ax.set_title(title)
-    if any(label for label, _, _ in series):
+    if any(s[0] for s in series):
         ax.legend(fontsize=8)
     return ax
 
@@ -150,15 +173,22 @@ def plot_distribution(values: Any, xlabel: str, marks: dict[str, float] | None =
 
 def plot_sweep(rows: Sequence[dict[str, Any]], metric: str, ylabel: str, ax: Any = None) -> Any:
     """A metric of a token-entropy filter sweep against the kept fraction: filtered positions
-    against random positions of the same count (rows of :func:`wavesurf.paper.sweep_rows`)."""
+    against random positions of the same count (rows of :func:`wavesurf.paper.sweep_rows`), with
+    95% interval whiskers where the rows carry ``<metric>_low``/``_high``."""
     import matplotlib.pyplot as plt
 
     use_style()
     if ax is None:
         _, ax = plt.subplots(figsize=(4.2, 3.2))
     for subset, style in (("filtered", {"marker": "o"}), ("random", {"marker": "s", "ls": "--"})):
-        pts = sorted((float(r["kept_fraction"]), float(r[metric])) for r in rows if r["subset"] in (subset, "all"))
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], label=f"{subset} positions", **style)
+        sub = sorted((r for r in rows if r["subset"] in (subset, "all")), key=lambda r: float(r["kept_fraction"]))
+        x, y = [float(r["kept_fraction"]) for r in sub], [float(r[metric]) for r in sub]
+        if sub and all(r.get(f"{metric}_low", "") != "" for r in sub):  # 95% interval whiskers
+            err = [[yi - float(r[f"{metric}_low"]) for yi, r in zip(y, sub)],
+                   [float(r[f"{metric}_high"]) - yi for yi, r in zip(y, sub)]]
+            ax.errorbar(x, y, yerr=err, capsize=3, label=f"{subset} positions", **style)
+        else:
+            ax.plot(x, y, label=f"{subset} positions", **style)
     ax.set_xlabel("kept fraction of positions (1 = no filter)")
     ax.set_ylabel(ylabel)
     ax.invert_xaxis()

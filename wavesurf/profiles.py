@@ -32,6 +32,9 @@ PROFILES: dict[str, dict[str, Any]] = {
             "max_tokens": 1500, "max_len": 128, "batch_tokens": 1024, "pilot_tokens": 8192,
             "estimator": "auto", "selection_filter": "q0.5", "selection_estimator": "minibatch",
             "sweep_filters": ["q0.25", "q0.5"], "sweep_estimator": "minibatch", "minibatch_size": 128,
+            # 4 groups of conversations: enough for intervals on the unfiltered 1,500 tokens; the
+            # q0.5 subsets are too small for them and exercise the "no intervals" path
+            "resample_groups": 4,
         },
         "drafter": {
             # wavesurf.speed_table.SpeedTableSettings: tiny drafters, the pipeline only (tau ~1)
@@ -54,6 +57,8 @@ PROFILES: dict[str, dict[str, Any]] = {
             # same cache key as `wavesurf analyze/select --max-tokens 20000 [--filter q0.5]`
             "estimator": "auto", "selection_filter": "q0.5", "selection_estimator": "auto",
             "sweep_filters": ["q0.25", "q0.5", "q0.75"], "sweep_estimator": "minibatch", "minibatch_size": 512,
+            # jackknife groups of conversations for every interval (wavesurf.stats.resampling)
+            "resample_groups": 10,
         },
         "drafter": {
             # wavesurf.speed_table.SpeedTableSettings. The target's own greedy answers (distilled once,
@@ -102,7 +107,7 @@ PROFILES: dict[str, dict[str, Any]] = {
             "max_tokens": 200_000, "max_len": 1024, "batch_tokens": 8192, "pilot_tokens": 16384,
             "estimator": "auto", "selection_filter": "q0.5", "selection_estimator": "auto",
             "sweep_filters": ["q0.1", "q0.25", "q0.5", "q0.75", "q0.9"], "sweep_estimator": "auto",
-            "minibatch_size": 1024,
+            "minibatch_size": 1024, "resample_groups": 20,
         },
         "drafter": {
             "distill": {"train_tokens": 2_000_000, "heldout_tokens": 50_000, "max_new_tokens": 1024, "max_len": 2048},
@@ -140,6 +145,7 @@ class AnalysisBudget:
     sweep_filters: tuple[str, ...]
     sweep_estimator: str
     minibatch_size: int
+    resample_groups: int
 
 
 @dataclass(frozen=True)

@@ -342,7 +342,9 @@ def build_book(book: Path, say: Callable[[str], None] = print) -> Path:
     cmd += ["build", str(book), "-W", "-n", "--quiet"]
     proc = subprocess.run(cmd, cwd=book.parent, capture_output=True, text=True)
     if proc.returncode != 0:
-        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-30:])
+        lines = (proc.stdout + proc.stderr).strip().splitlines()
+        causes = [ln for ln in lines if any(w in ln for w in ("WARNING", "ERROR", "Warning", "Error:"))][:20]  # -W: the first warning stops it
+        tail = "\n".join(causes + ["..."] + lines[-12:] if causes else lines[-30:])
         raise ReproduceError(f"jupyter-book build failed (exit {proc.returncode}):\n{tail}")
     return book / "_build" / "html" / "index.html"
 

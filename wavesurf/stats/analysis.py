@@ -417,17 +417,21 @@ class _Accumulator:
             self.grouped.all_reduce_()
 
     def _interval_problem(self) -> str | None:
+        """Why this subset gets no intervals (None when it does)."""
         if not self.n_groups:
-            return "intervals were not asked for (resample_groups=0)"
+            return "resample_groups=0: intervals were not asked for"
+        what = {"all": "", "filtered": "filtered ", "random": "random-control "}.get(self.name, f"{self.name} ")
         empty = int((self.grouped.group_sizes == 0).sum())
         if empty:
-            return (f"the run is too small for {self.n_groups} resampling groups: {empty} of them hold no "
-                    f"{self.name} tokens; use fewer resample_groups or more tokens")
+            return (f"too small for {self.n_groups} resampling groups: {empty} of them hold no {what}tokens; "
+                    "use fewer resample_groups or more tokens")
         if self.mb.n_batches < 2:
-            return (f"the run is too small for CKA intervals: {self.mb.n_batches} minibatch(es) of "
-                    f"{self.shuffler.batch_size} {self.name} tokens; lower minibatch_size or raise max_tokens")
-        if self.grouped.n - int(self.grouped.group_sizes.max()) <= self.dim:
-            return "the run is too small for intervals: leaving out one group leaves fewer tokens than dimensions"
+            return (f"too small for CKA intervals: {self.mb.n_batches} minibatch(es) of {self.shuffler.batch_size} "
+                    f"{what}tokens; lower minibatch_size or raise max_tokens")
+        left = self.grouped.n - int(self.grouped.group_sizes.max())
+        if left <= self.dim:
+            return (f"too small: leaving out one group leaves {left:,} {what}tokens, not more than the {self.dim} "
+                    "dimensions; use fewer resample_groups or more tokens")
         return None
 
     def result(self) -> SubsetStats:

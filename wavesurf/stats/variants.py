@@ -26,7 +26,7 @@ def analysis_variants(params: Any) -> dict[str, Any]:
     split = "stats" if params.dataset == "sharegpt" else None
     common = dict(dataset=params.dataset, split=split, max_tokens=params.max_tokens or a.max_tokens,
                   max_len=a.max_len, batch_tokens=a.batch_tokens, pilot_tokens=a.pilot_tokens,
-                  seed=params.seed)
+                  seed=params.seed, resample_groups=a.resample_groups)
     exact = AnalysisSettings(**common, estimator=a.estimator)
     sweep = AnalysisSettings(**common, estimator=a.sweep_estimator, minibatch_size=a.minibatch_size)
     variants = {
