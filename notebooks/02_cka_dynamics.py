@@ -51,7 +51,7 @@ from wavesurf.stats.cka import cka_to_last, neighbour_cka
 
 nxt, last = neighbour_cka(base.cka), cka_to_last(base.cka)
 iv = base.has_intervals
-nxt_jk, last_jk = (base.interval("cka_next"), base.interval("cka_to_last")) if iv else (None, None)
+nxt_jk = base.interval("cka_next") if iv else None
 
 # %% tags=["hide-input"]
 fig = plt.figure(figsize=(11, 6.0))
@@ -59,8 +59,8 @@ grid = fig.add_gridspec(2, 2, height_ratios=[4.2, 1.5])
 ax0 = fig.add_subplot(grid[0, 0])
 plots.plot_cka_heatmap(base.main, ax=ax0, title="linear CKA (boxes: compartments)")
 ax1 = fig.add_subplot(grid[0, 1])
-plots.plot_depth([("CKA(i, i+1): next layer", ids[:-1], nxt, (nxt_jk.low, nxt_jk.high) if iv else None),
-                  ("CKA(i, N): last block", ids, last, (last_jk.low, last_jk.high) if iv else None)],
+plots.plot_depth([("CKA(i, i+1): next layer", ids[:-1], nxt, base.band("cka_next")),
+                  ("CKA(i, N): last block", ids, last, base.band("cka_to_last"))],
                  "linear CKA", ax=ax1, compartments=base.compartments, mark=target.default_layer_ids())
 ax1.set_ylim(0, 1.05)
 ax2 = fig.add_subplot(grid[1, 0])

@@ -29,7 +29,6 @@ device = "auto"  # auto, cpu, cuda, cuda:N
 # %% tags=["hide-input", "hide-output"]
 # Check the parameters first (a wrong type or value stops here with a clear message), then load the target.
 import matplotlib.pyplot as plt
-import numpy as np
 from myst_nb import glue
 
 from wavesurf import paper, plots
@@ -94,7 +93,9 @@ glue("best_gain", paper.interval_text(by[best]["delta_aggregate_entropy2_vs_defa
      display=False)
 if stats.has_intervals:
     glue("recurrence_sentence", "Leaving out one group of conversations at a time, each method picks the same set in "
-         + ", ".join(f"{100 * by[m]['chosen_in_resamples']:.0f} % ({m})" for m in others) + " of resamples.",
+         + ", ".join(f"{100 * by[m]['chosen_in_resamples']:.0f} % ({m})" for m in others) + " of resamples "
+         "(aggregate compared on its α = 2 ranking, as a resample has no cross-covariances for the α = 1 re-ranking): "
+         "a method whose pick recurs rarely is choosing among sets its statistics cannot tell apart.",
          display=False)
 else:
     glue("recurrence_sentence", paper.interval_note(stats), display=False)

@@ -57,9 +57,12 @@ print("this model:", target.name, "| included:", target.name in models)
 from wavesurf.stats.cka import cka_to_last
 
 fig, axes = plt.subplots(1, 2, figsize=(11, 3.6))
-plots.plot_depth([(f"{m} (N={s.n_layers})", np.array(s.layer_ids) / s.n_layers, paper.depth_curves(s)["S1_norm"])
-                  for m, s in bases.items()], "normalised S₁", ax=axes[0], xlabel="relative depth (layer id / N)")
-plots.plot_depth([(m, np.array(s.layer_ids) / s.n_layers, cka_to_last(s.cka)) for m, s in bases.items()],
+curves = {m: paper.depth_curves(s) for m, s in bases.items()}
+plots.plot_depth([(f"{m} (N={s.n_layers})", np.array(s.layer_ids) / s.n_layers, curves[m]["S1_norm"],
+                   curves[m].get("S1_norm_band")) for m, s in bases.items()],
+                 "normalised S₁", ax=axes[0], xlabel="relative depth (layer id / N)")
+plots.plot_depth([(m, np.array(s.layer_ids) / s.n_layers, cka_to_last(s.cka), s.band("cka_to_last"))
+                  for m, s in bases.items()],
                  "CKA(i, N) with the last block", ax=axes[1], xlabel="relative depth (layer id / N)")
 fig.tight_layout()
 plots.save_figure(fig, "figures/07_cross_model.png")
@@ -87,7 +90,8 @@ glue("models", ", ".join(models), display=False)
 # %% [markdown]
 # ```{glue:figure} fig_cross
 # Normalised α = 1 entropy (left) and CKA with the last block (right) against relative depth for
-# {glue:text}`n_models` model(s) with cached results ({glue:text}`models`). **What to see:** whether
+# {glue:text}`n_models` model(s) with cached results ({glue:text}`models`); light bands are 95%
+# intervals over groups of conversations where a run has them. **What to see:** whether
 # the entropy profile and the turnover of the representation happen at the same relative depth in
 # different models — where they do, a relative-depth rule like `[2, N//2, N-3]` transfers.
 # ```

@@ -1,15 +1,13 @@
-"""Profiles, notebook parameters, the shared-capture analyses of the notebooks, and the reproduce
-pipeline (papermill into a staging dir, atomic swap, failures kept outside the book)."""
+"""Profiles, notebook parameters and the reproduce pipeline (papermill into a staging dir, atomic
+swap, failures kept outside the book). The analysis variants are tested in tests/stats/test_variants.py,
+the notebooks' shared tables in tests/test_paper.py."""
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
-import numpy as np
 import pytest
 
-from wavesurf import paper
 from wavesurf.notebook import check_parameters
 from wavesurf.profiles import PROFILES, ProfileError, get_profile, profile_names
 from wavesurf.stats import variants as stats_variants
@@ -21,7 +19,6 @@ from wavesurf.reproduce import (
     write_generated,
 )
 
-from .conftest import SMALL
 
 
 # ---------------------------------------------------------------------------------------------
@@ -52,15 +49,6 @@ def test_a_malformed_profile_entry_is_refused_by_name(monkeypatch):
         get_profile("odd")
 
 
-def test_smoke_profile_shares_the_unit_tests_analysis():
-    """The smoke base analysis is the conftest SMALL analysis (one cached result for both)."""
-    params = check_parameters("smollm2-135m", "sharegpt", None, "smoke", 0, "cpu")
-    base = stats_variants.analysis_variants(params)["base"]
-    for k, v in SMALL.items():
-        assert getattr(base, k) == v
-    assert base.filter == "none" and base.estimator == "auto" and not base.include_position0
-
-
 @pytest.mark.parametrize("name,value,bad", [
     ("model", "", "model=''"), ("model", 3, "model=3"),
     ("dataset", "wikipedia", "dataset='wikipedia'"),
@@ -84,111 +72,6 @@ def test_check_parameters_accepts_good_values():
     assert all(v.max_tokens == 5000 and v.split is None for v in variants.values())  # mt-bench is used whole
     assert variants["position0"].include_position0 and not variants["base"].include_position0
     assert [n for n in variants if n.startswith("sweep:")] == [f"sweep:{f}" for f in get_profile("paper").analysis.sweep_filters]
-
-
-# ---------------------------------------------------------------------------------------------
-def test_closed_forms_match_exact_entropies(small_stats):
-    """alpha=2 aggregate entropy and redundancy from purities + CKA equal the eigenvalue versions."""
-    sets = [[2, 15, 27], [1, 2], [5, 20, 29, 30]]
-    for s in sets:
-        assert paper.aggregate_entropy2(small_stats, [s])[0] == pytest.approx(small_stats.aggregate_entropy(s, alpha=2.0), abs=1e-5)
-        assert paper.redundancy2(small_stats, [s])[0] == pytest.approx(small_stats.redundancy(s, alpha=2.0), abs=1e-5)
-    m = paper.pair_matrix(small_stats)
-    assert m.shape == (31, 31) and np.allclose(m, m.T)
-    assert np.allclose(np.diag(m), small_stats.entropy2, atol=1e-8)  # a single layer: its own S2
-    assert np.all(paper.redundancy2(small_stats, paper.all_subsets(range(1, 31), 2)) >= -1e-9)
-    with pytest.raises(Exception, match="layer id 99"):
-        paper.aggregate_entropy2(small_stats, [[1, 99]])
-
-
-def test_subsets_rank_and_ids():
-    assert paper.all_subsets(range(1, 31), 3).shape == (4060, 3)
-    assert paper.rank_of(np.array([3.0, 2.0, 1.0]), 2.0) == (2, 1 / 3)
-    assert paper.fmt_ids(np.array([2, 15, 27])) == "[2, 15, 27]"
-
-
-def test_selection_and_sweep_rows(small_stats, tmp_path):
-    rows = paper.selection_rows(small_stats, k=3)
-    assert [r["method"] for r in rows] == ["default", "entropy", "aggregate", "cka", "combined"]
-    assert rows[0]["layer_ids"] == "2 15 27" and rows[0]["sglang_layer_ids"] == "1 14 26"
-    assert rows[0]["delta_aggregate_entropy2_vs_default"] == 0
-    agg = next(r for r in rows if r["method"] == "aggregate")
-    assert agg["aggregate_entropy2_nats"] >= rows[0]["aggregate_entropy2_nats"] - 0.05  # re-ranked by alpha=1
-    path = paper.write_csv(rows, tmp_path / "t" / "sel.csv")
-    assert path.read_text().splitlines()[0].startswith("method,layer_ids,")
-    sweep = paper.sweep_rows({"base": small_stats})
-    assert len(sweep) == 1 and sweep[0]["subset"] == "all" and sweep[0]["kept_fraction"] == 1.0
-    with pytest.raises(Exception, match="no random control"):
-        stats_variants.control_view(small_stats)
-
-
-def test_selection_and_sweep_rows_carry_intervals(interval_stats):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    from wavesurf import plots
-
-    rows = paper.selection_rows(interval_stats, k=3)
-    for r in rows:
-        assert 0.0 <= r["chosen_in_resamples"] <= 1.0
-        assert r["delta_aggregate_entropy2_low"] <= r["delta_aggregate_entropy2_vs_default"] <= r["delta_aggregate_entropy2_high"]
-    assert rows[0]["chosen_in_resamples"] == 1.0  # the fixed default rule never changes
-    sweep = paper.sweep_rows({"q0.2": interval_stats})
-    filt = next(r for r in sweep if r["subset"] == "filtered")
-    assert filt["mean_neighbour_cka_low"] <= filt["mean_neighbour_cka"] <= filt["mean_neighbour_cka_high"]
-    diff = interval_stats.control_difference("mean_cka_next")
-    assert filt["mean_neighbour_cka_minus_random"] == pytest.approx(float(diff.estimate), abs=1e-4)
-    text = paper.fmt_interval(diff, ".4f")
-    assert text.startswith(f"{float(diff.estimate):.4f} (95% CI ")
-    assert paper.noise_verdict(diff) == ("within noise" if diff.low <= 0 <= diff.high else "beyond noise")
-    assert "grouped-jackknife" in paper.interval_note(interval_stats)
-    ax = plots.plot_sweep(sweep, "mean_neighbour_cka", "mean CKA(i, i+1)")
-    assert len(ax.containers) == 2  # whiskers on both subsets
-    curves = paper.depth_curves(interval_stats)
-    lo, hi = curves["S1_band"]
-    assert np.all(lo <= curves["S1"]) and np.all(curves["S1"] <= hi)
-
-
-def test_cached_results_match_settings_exactly(small_stats):
-    from dataclasses import replace
-
-    from wavesurf.stats.analysis import AnalysisSettings
-
-    settings = AnalysisSettings(**SMALL)
-    found = stats_variants.cached_results(settings)
-    assert "smollm2-135m" in [s.meta["model"] for s in found]
-    other = replace(settings, max_tokens=SMALL["max_tokens"] + 1)
-    assert "smollm2-135m" not in [s.meta["model"] for s in stats_variants.cached_results(other)]
-
-
-def test_profile_stats_one_capture_equals_separate_analyses(smollm, monkeypatch):
-    """Variants computed from one shared capture equal what analyze() computes alone."""
-    from wavesurf.stats.analysis import analysis_key, analyze, result_dir
-
-    monkeypatch.setitem(PROFILES, "tiny", {"description": "test", "drafter": {}, "analysis": {
-        "max_tokens": 900, "max_len": 96, "batch_tokens": 768, "pilot_tokens": 8192, "estimator": "minibatch",
-        "selection_filter": "q0.25", "selection_estimator": "minibatch", "sweep_filters": [],
-        "sweep_estimator": "minibatch", "minibatch_size": 64, "resample_groups": 3}})
-    params = check_parameters("smollm2-135m", "sharegpt", None, "tiny", 0, "cpu")
-    variants = stats_variants.analysis_variants(params)
-    for s in variants.values():  # start from an empty cache for these settings
-        shutil.rmtree(result_dir(smollm.name, analysis_key(smollm, s)[0]), ignore_errors=True)
-    got = stats_variants.profile_stats(smollm, params, progress=False)
-    assert set(got) == {"base", "position0", "selection"}
-    assert got["base"].meta["shared_capture"]["variants"] == 3
-    alone = analyze(smollm, variants["selection"], use_cache=False, progress=False)
-    np.testing.assert_allclose(got["selection"].entropy, alone.entropy, rtol=1e-6)
-    np.testing.assert_allclose(got["selection"].cka, alone.cka, rtol=1e-5, atol=1e-6)
-    assert got["selection"].meta["filter"] == alone.meta["filter"]
-    # the resampling groups follow the corpus order, not the batching: same replicates (or same note)
-    assert got["selection"].main.interval_note == alone.main.interval_note
-    if alone.has_intervals:
-        np.testing.assert_allclose(got["selection"].main.replicates["entropy"], alone.main.replicates["entropy"], rtol=1e-6)
-    assert got["position0"].main.n_tokens > got["base"].main.n_tokens  # position 0 rows are added
-    again = stats_variants.profile_stats(smollm, params, ["selection"], progress=False)  # from the cache now
-    assert again["selection"].path is not None and "shared_capture" in again["selection"].meta
-    with pytest.raises(ValueError, match="unknown analysis variant"):
-        stats_variants.profile_stats(smollm, params, ["sweep:q0.9"])
 
 
 # ---------------------------------------------------------------------------------------------

@@ -99,3 +99,17 @@ def test_eagle_config_snippets(small_stats):
     with_embedding = select_layers(small_stats, 31, "combined", candidates=range(31))
     with pytest.raises(ConsumerError, match=r"\[0, 30\] cannot be served"):
         with_embedding.eagle_config("specforge")
+
+
+def test_selection_recurrence_over_resamples(interval_stats, small_batches):
+    from wavesurf.select import selection_recurrence
+    from wavesurf.stats.analysis import AnalysisSettings, analyze_batches
+
+    assert selection_recurrence(interval_stats, 3, "default") == 1.0  # the fixed rule never moves
+    share = selection_recurrence(interval_stats, 3, "combined")
+    assert 0.0 <= share <= 1.0
+    # aggregate is compared on its alpha=2 basis on both sides (replicates have no cross-covariances)
+    assert 0.0 <= selection_recurrence(interval_stats, 3, "aggregate") <= 1.0
+    no_iv = analyze_batches(small_batches, 30, 576, AnalysisSettings(estimator="minibatch", minibatch_size=128,
+                                                                      resample_groups=0))
+    assert selection_recurrence(no_iv, 3, "combined") is None and not no_iv.has_intervals

@@ -172,7 +172,7 @@ def cmd_analyze(args: argparse.Namespace) -> int:
 
 
 def cmd_select(args: argparse.Namespace) -> int:
-    from .select import check_method, select_layers
+    from .select import check_method, select_layers, selection_recurrence
 
     check_method(args.method)  # before the (slow) analysis
     target, stats = _run_analysis(args, k=args.k)
@@ -190,9 +190,7 @@ def cmd_select(args: argparse.Namespace) -> int:
     # stack captures): known before a drafter is trained on them
     out["export_formats"] = servable_formats(selection.layer_ids, target.n_layers)
     if stats.has_intervals and candidates is None:  # how often the set recurs, one group of conversations left out
-        same = [select_layers(v, k=args.k, method=args.method, **options).layer_ids == selection.layer_ids
-                for v in stats.replicate_views()]
-        out["chosen_in_resamples"] = round(sum(same) / len(same), 4)
+        out["chosen_in_resamples"] = round(selection_recurrence(stats, args.k, args.method, **options), 4)
     if args.eagle_config:
         out = selection.eagle_config(args.eagle_config)
     _print_json(out)

@@ -77,14 +77,14 @@ def rank_of(values: np.ndarray, value: float) -> tuple[int, float]:
 def selection_rows(stats: Any, k: int = 3, methods: Sequence[str] | None = None, **options: Any) -> list[dict[str, Any]]:
     """One tidy row per method: ids (vLLM and SGLang), scores, reason, and how it compares with
     the default rule (alpha=2 aggregate entropy and mean pairwise CKA difference)."""
-    from .select import METHODS, select_layers
+    from .select import METHODS, select_layers, selection_recurrence
 
     methods = list(methods or METHODS)
     if k != 3 and "default" in methods:
         methods.remove("default")
     rows = []
     default = select_layers(stats, k=3, method="default") if k == 3 else None
-    views = stats.replicate_views() if getattr(stats, "has_intervals", False) else []
+    has_iv = getattr(stats, "has_intervals", False)
     for m in methods:
         sel = select_layers(stats, k=k, method=m, **options.get(m, {}))
         s = sel.scores
@@ -101,13 +101,12 @@ def selection_rows(stats: Any, k: int = 3, methods: Sequence[str] | None = None,
         if default is not None:
             row["delta_aggregate_entropy2_vs_default"] = round(
                 s["aggregate_entropy2_nats"] - default.scores["aggregate_entropy2_nats"], 4)
-            if views:
+            if has_iv:
                 jk = stats.aggregate_entropy2_difference(sel.layer_ids, default.layer_ids)
                 row["delta_aggregate_entropy2_low"] = round(float(jk.low), 4)
                 row["delta_aggregate_entropy2_high"] = round(float(jk.high), 4)
-        if views:  # how often the same set is chosen with one group of sequences left out
-            same = [select_layers(v, k=k, method=m, **options.get(m, {})).layer_ids == sel.layer_ids for v in views]
-            row["chosen_in_resamples"] = round(float(np.mean(same)), 4)
+        if has_iv:  # how often the same set is chosen with one group of conversations left out
+            row["chosen_in_resamples"] = round(float(selection_recurrence(stats, k, m, **options.get(m, {}))), 4)
         rows.append(row)
     return rows
 
@@ -125,7 +124,7 @@ def sweep_rows(stats_by_variant: dict[str, Any], method: str = "combined", k: in
     """Tidy rows of a token-entropy filter sweep: per filter and subset (filtered / random
     control / all tokens) the kept tokens, threshold, mean entropy, mean neighbour CKA, mean CKA
     to the last layer, compartments and the layer set ``method`` selects."""
-    from .select import select_layers
+    from .select import select_layers, selection_recurrence
     from .stats.cka import cka_to_last, neighbour_cka
 
     rows = []
@@ -146,8 +145,7 @@ def sweep_rows(stats_by_variant: dict[str, Any], method: str = "combined", k: in
                         ivals[f"{col}_minus_random"] = round(float(dj.estimate), 4)
                         ivals[f"{col}_minus_random_low"] = round(float(dj.low), 4)
                         ivals[f"{col}_minus_random_high"] = round(float(dj.high), 4)
-                ivals["selected_in_resamples"] = round(float(np.mean(
-                    [select_layers(v, k=k, method=method).layer_ids == sel.layer_ids for v in view.replicate_views()])), 4)
+                ivals["selected_in_resamples"] = round(float(selection_recurrence(view, k, method)), 4)
             rows.append({
                 "variant": name, "filter": f["filter"], "subset": subset,
                 "threshold_nats": f["threshold_nats"] if f["threshold_nats"] is not None else "",

@@ -75,9 +75,9 @@ def plot_boundary_frequency(layer_ids: Sequence[int], frequency: Sequence[float]
     ax.bar(layer_ids, frequency, width=0.8, color="tab:blue", alpha=0.7)
     starts = [lo for lo, _ in (compartments or [])[1:]]
     if starts:
-        ax.plot(starts, [1.04] * len(starts), "v", color="tab:red", ms=5, label="boundary on all data")
-        ax.legend(fontsize=7, loc="upper right")
-    ax.set_ylim(0, 1.1)
+        ax.plot(starts, [1.06] * len(starts), "v", color="tab:red", ms=5)
+        ax.set_title("▼ = compartment start on all data", fontsize=8, loc="left")
+    ax.set_ylim(0, 1.12)
     ax.set_xlabel("layer id (vLLM): a compartment starts here")
     ax.set_ylabel("share of resamples")
     return ax
@@ -180,9 +180,10 @@ def plot_sweep(rows: Sequence[dict[str, Any]], metric: str, ylabel: str, ax: Any
     use_style()
     if ax is None:
         _, ax = plt.subplots(figsize=(4.2, 3.2))
-    for subset, style in (("filtered", {"marker": "o"}), ("random", {"marker": "s", "ls": "--"})):
+    for subset, style, dodge in (("filtered", {"marker": "o"}, -0.006), ("random", {"marker": "s", "ls": "--"}, 0.006)):
         sub = sorted((r for r in rows if r["subset"] in (subset, "all")), key=lambda r: float(r["kept_fraction"]))
-        x, y = [float(r["kept_fraction"]) for r in sub], [float(r[metric]) for r in sub]
+        # whiskers side by side: the two subsets are dodged by +-0.006 in kept fraction
+        x, y = [float(r["kept_fraction"]) + dodge for r in sub], [float(r[metric]) for r in sub]
         if sub and all(r.get(f"{metric}_low", "") != "" for r in sub):  # 95% interval whiskers
             err = [[yi - float(r[f"{metric}_low"]) for yi, r in zip(y, sub)],
                    [float(r[f"{metric}_high"]) - yi for yi, r in zip(y, sub)]]

@@ -247,3 +247,15 @@ def select_layers(stats: Any, k: int = 3, method: str = "combined", candidates: 
                   **options: Any) -> Selection:
     """Pick ``k`` layer ids (vLLM convention) with ``method`` (one of :data:`METHODS`)."""
     return METHODS[check_method(method)](_Context(stats, k, candidates), **options)
+
+
+def selection_recurrence(stats: Any, k: int = 3, method: str = "combined", **options: Any) -> float | None:
+    """Share of the leave-one-group-out resamples of ``stats`` in which ``method`` picks the same
+    set as on all data, or None for statistics without resampling replicates. Both sides are
+    scored without cross-layer covariances (a replicate has none), so ``aggregate`` is compared
+    on its alpha=2 basis."""
+    if not getattr(stats, "has_intervals", False):
+        return None
+    reference = select_layers(stats.alpha2_view(), k=k, method=method, **options).layer_ids
+    views = stats.replicate_views()
+    return sum(select_layers(v, k=k, method=method, **options).layer_ids == reference for v in views) / len(views)

@@ -208,10 +208,10 @@ def test_a_run_too_small_for_intervals_says_so(small_batches):
 
 
 def test_more_groups_than_conversations_is_refused_before_the_pass(smollm):
+    from tests.conftest import SMALL
     from wavesurf.stats.analysis import analyze
 
     with pytest.raises(Exception, match="resample_groups=100000 is more than the"):
-        analyze(smollm, progress=False, use_cache=False, **{**__import__("tests.conftest").conftest.SMALL,
-                                                             "resample_groups": 100000})
+        analyze(smollm, progress=False, use_cache=False, **{**SMALL, "resample_groups": 100000})
     with pytest.raises(StatsError, match="resample_groups=1 is not allowed"):
         AnalysisSettings(resample_groups=1).check()

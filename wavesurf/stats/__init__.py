@@ -1,4 +1,5 @@
-"""Numerical core: streaming float64 moments, matrix entropy (nats), linear CKA, depth compartments.
+"""Numerical core: streaming float64 moments, matrix entropy (nats), linear CKA, depth compartments,
+grouped-jackknife intervals.
 
 Names are imported from their modules on first use (torch loads only then). ``compartments`` is
 both a submodule and a function; the function (numpy only) is bound here so that importing the
@@ -18,6 +19,7 @@ _PUBLIC = {
     **dict.fromkeys(["aggregate_covariance", "aggregate_entropy", "aggregate_entropy2_closed_form", "effective_rank",
                      "layer_entropies", "matrix_entropy", "purity", "redundancy", "renyi_entropy"], "entropy"),
     **dict.fromkeys(["LayerMoments", "gather_layer_rows"], "moments"),
+    **dict.fromkeys(["GroupAssigner", "GroupedLayerMoments", "Jackknife", "jackknife"], "resampling"),
 }
 
 

@@ -238,6 +238,14 @@ class LayerStats:
         sub = self._subset(subset)
         return jackknife(*values_and_replicates(sub, quantity), level=level)
 
+    def band(self, quantity: str, subset: str = "main") -> tuple[np.ndarray, np.ndarray] | None:
+        """``(low, high)`` of :meth:`interval` for a figure's shaded band, or None without intervals."""
+        sub = self._subset(subset)
+        if sub.replicates is None:
+            return None
+        jk = jackknife(*values_and_replicates(sub, quantity))
+        return jk.low, jk.high
+
     def control_difference(self, quantity: str, level: float = DEFAULT_LEVEL) -> Jackknife:
         """Filtered minus random-control value of a quantity, with a paired interval (both subsets
         come from the same sequences and share their resampling groups)."""
@@ -270,7 +278,12 @@ class LayerStats:
         """The leave-one-group-out statistics as objects :func:`wavesurf.select_layers` accepts."""
         if not self.has_intervals:
             raise WavesurfError(f"no resampling replicates: {self.main.interval_note or 'resample_groups=0'}")
-        return [ReplicateView(self, g) for g in range(len(self.main.replicates["group_tokens"]))]
+        return [ReplicateView.replicate(self, g) for g in range(len(self.main.replicates["group_tokens"]))]
+
+    def alpha2_view(self) -> ReplicateView:
+        """The full-data arrays in the form of :meth:`replicate_views` (no cross-covariances), the
+        reference a resample's selection is compared with."""
+        return ReplicateView.full(self)
 
     def layer_rows(self) -> list[dict[str, Any]]:
         """Tidy per-layer rows (one per subset and layer id) as written to ``layers.csv``; with

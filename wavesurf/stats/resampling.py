@@ -316,7 +316,7 @@ class GroupedLayerMoments:
         return 0.5 * (C + C.T)
 
     def state_dict(self) -> dict[str, np.ndarray]:
-        G, L, d = self.n_groups, len(self.layer_ids), self.dim
+        L, d = len(self.layer_ids), self.dim
         shift = self._shift if self._shift is not None else torch.zeros(L, d, dtype=torch.float64)
         return {"format": np.array(_FORMAT), "config": np.array(json.dumps(self.config(), sort_keys=True)),
                 "count": self._count.copy(), "has_shift": np.array(self._shift is not None),
@@ -398,18 +398,27 @@ def boundary_frequency(sub: Any) -> np.ndarray:
 
 
 class ReplicateView:
-    """One leave-one-group-out replicate of a LayerStats, with the arrays selection reads (for how
-    often a method's choice recurs across resamples). No cross-covariances: aggregate selection
-    then scores with the alpha=2 closed form only."""
+    """The arrays selection reads, of one leave-one-group-out replicate of a LayerStats (or of the
+    full data, :meth:`full`), for how often a method's choice recurs across resamples. No
+    cross-covariances: aggregate selection then scores with the alpha=2 closed form only."""
 
     has_cross_covariance = False
     key = None
 
-    def __init__(self, stats: Any, g: int) -> None:
+    def __init__(self, n_layers: int, layer_ids: Sequence[int], arrays: Mapping[str, Any]) -> None:
+        self.n_layers, self.layer_ids = int(n_layers), list(layer_ids)
+        self.entropy = np.asarray(arrays["entropy"])
+        self.entropy2 = np.asarray(arrays["entropy2"])
+        self.normalized_entropy = np.asarray(arrays["normalized_entropy"])
+        self.purity = np.asarray(arrays["purity"])
+        self.cka = np.asarray(arrays["cka"])
+
+    @classmethod
+    def replicate(cls, stats: Any, g: int) -> "ReplicateView":
+        reps = stats.main.replicates
+        return cls(stats.n_layers, stats.main.layer_ids, {q: reps[q][g] for q in (*REPLICATED, "cka")})
+
+    @classmethod
+    def full(cls, stats: Any) -> "ReplicateView":
         sub = stats.main
-        self.n_layers, self.layer_ids = stats.n_layers, list(sub.layer_ids)
-        self.entropy = np.asarray(sub.replicates["entropy"][g])
-        self.entropy2 = np.asarray(sub.replicates["entropy2"][g])
-        self.normalized_entropy = np.asarray(sub.replicates["normalized_entropy"][g])
-        self.purity = np.asarray(sub.replicates["purity"][g])
-        self.cka = np.asarray(sub.replicates["cka"][g])
+        return cls(stats.n_layers, sub.layer_ids, {q: getattr(sub, q) for q in (*REPLICATED, "cka")})
