@@ -51,7 +51,8 @@ by = {r["method"]: r for r in rows}
 # %% tags=["remove-input"]
 from IPython.display import HTML
 
-iv_cols = ["delta_aggregate_entropy2_low", "delta_aggregate_entropy2_high", "chosen_in_resamples"] if stats.has_intervals else []
+iv_cols = (["delta_aggregate_entropy2_low", "delta_aggregate_entropy2_high", "redundancy2_low", "redundancy2_high",
+            "chosen_in_resamples"] if stats.has_intervals else [])
 HTML(plots.html_table(
     rows, ["method", "layer_ids", "sglang_layer_ids", "mean_entropy_nats", "mean_pairwise_cka", "aggregate_entropy2_nats",
            "redundancy2_nats", "delta_aggregate_entropy2_vs_default", *iv_cols],
@@ -59,6 +60,7 @@ HTML(plots.html_table(
              "mean_pairwise_cka": "mean CKA", "aggregate_entropy2_nats": "S₂ of set (nats)",
              "redundancy2_nats": "R₂ (nats)", "delta_aggregate_entropy2_vs_default": "ΔS₂ vs default (nats)",
              "delta_aggregate_entropy2_low": "ΔS₂ 95% low", "delta_aggregate_entropy2_high": "ΔS₂ 95% high",
+             "redundancy2_low": "R₂ 95% low", "redundancy2_high": "R₂ 95% high",
              "chosen_in_resamples": "same set in resamples"}))
 
 # %% tags=["remove-input"]

@@ -55,6 +55,10 @@ def test_selection_and_sweep_rows_carry_intervals(interval_stats):
         assert 0.0 <= r["chosen_in_resamples"] <= 1.0
         assert r["delta_aggregate_entropy2_low"] <= r["delta_aggregate_entropy2_vs_default"] <= r["delta_aggregate_entropy2_high"]
     assert rows[0]["chosen_in_resamples"] == 1.0  # the fixed default rule never changes
+    for r in rows:
+        assert r["redundancy2_low"] <= r["redundancy2_nats"] <= r["redundancy2_high"]
+    red = interval_stats.redundancy2([[2, 15, 27]])
+    assert float(red.estimate[0]) == pytest.approx(float(paper.redundancy2(interval_stats, [[2, 15, 27]])[0]))
     sweep = paper.sweep_rows({"q0.2": interval_stats})
     filt = next(r for r in sweep if r["subset"] == "filtered")
     assert filt["mean_neighbour_cka_low"] <= filt["mean_neighbour_cka"] <= filt["mean_neighbour_cka_high"]

@@ -105,6 +105,9 @@ def selection_rows(stats: Any, k: int = 3, methods: Sequence[str] | None = None,
                 jk = stats.aggregate_entropy2_difference(sel.layer_ids, default.layer_ids)
                 row["delta_aggregate_entropy2_low"] = round(float(jk.low), 4)
                 row["delta_aggregate_entropy2_high"] = round(float(jk.high), 4)
+        if has_iv:
+            rj = stats.redundancy2([sel.layer_ids])
+            row["redundancy2_low"], row["redundancy2_high"] = round(float(rj.low[0]), 4), round(float(rj.high[0]), 4)
         if has_iv:  # how often the same set is chosen with one group of conversations left out
             row["chosen_in_resamples"] = round(float(selection_recurrence(stats, k, m, **options.get(m, {}))), 4)
         rows.append(row)

@@ -78,12 +78,12 @@ PROFILES: dict[str, dict[str, Any]] = {
             "methods": ["entropy", "aggregate", "cka", "combined"], "n_random": 2,
             "curve_fractions": [0.25, 0.5],
         },
-        # minutes per notebook of an empty-cache run on the 2-core reference machine (2026-12-03,
-        # fresh clone, 34 min 26 s in all with setup); only the progress line's ETA reads them
+        # minutes per notebook of an empty-cache run on the 2-core reference machine (2026-12-04,
+        # fresh clone, 33 min 23 s in all with setup); only the progress line's ETA reads them
         "reference_minutes": {"smollm2-135m": {
-            "01_entropy_compartments": 3.05, "02_cka_dynamics": 0.1, "03_aggregate_entropy": 0.15,
-            "04_token_filtering": 0.12, "04b_filtering_drafters": 29.5, "05_layer_selection": 0.15,
-            "06_speed_table": 0.23, "07_cross_model": 0.14}},
+            "01_entropy_compartments": 4.16, "02_cka_dynamics": 0.1, "03_aggregate_entropy": 0.15,
+            "04_token_filtering": 0.11, "04b_filtering_drafters": 27.3, "05_layer_selection": 0.15,
+            "06_speed_table": 0.21, "07_cross_model": 0.13}},
     },
     "long": {
         "description": "the default analysis with drafters trained ~4x longer on ~3x more of the target's answers (<= 2 h)",

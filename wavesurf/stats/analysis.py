@@ -33,9 +33,9 @@ from .entropy import aggregate_entropy as _aggregate_entropy
 from .entropy import effective_rank, max_entropy, purity, redundancy as _redundancy, renyi_entropy
 from .filtering import FilterError, FilterState, TokenFilter
 from .moments import LayerMoments, gather_layer_rows, l2_normalize_rows_
-from .resampling import (DEFAULT_GROUPS, DEFAULT_LEVEL, REPLICATED, GroupedLayerMoments, Jackknife,
-                         ReplicateView, aggregate_entropy2_replicates, boundary_frequency, check_groups,
-                         jackknife, GroupAssigner, values_and_replicates)
+from .resampling import (DEFAULT_GROUPS, DEFAULT_LEVEL, REPLICATED, GroupAssigner, GroupedLayerMoments, Jackknife,
+                         ReplicateView, aggregate_entropy2_replicates, boundary_frequency, check_groups, jackknife,
+                         redundancy2_replicates, values_and_replicates)
 
 ESTIMATORS = ("auto", "exact", "minibatch")
 RESULT_FORMAT = 2  # 2: resampling replicates
@@ -256,6 +256,10 @@ class LayerStats:
     def aggregate_entropy2(self, layer_sets: Sequence[Sequence[int]], level: float = DEFAULT_LEVEL) -> Jackknife:
         """Alpha=2 aggregate entropy (nats) of layer-id sets ``[m, k]``, with intervals."""
         return jackknife(*aggregate_entropy2_replicates(self.main, self._positions(layer_sets)), level=level)
+
+    def redundancy2(self, layer_sets: Sequence[Sequence[int]], level: float = DEFAULT_LEVEL) -> Jackknife:
+        """Alpha=2 redundancy (nats) of layer-id sets ``[m, k]``, with intervals."""
+        return jackknife(*redundancy2_replicates(self.main, self._positions(layer_sets)), level=level)
 
     def aggregate_entropy2_difference(self, layer_ids: Sequence[int], reference_ids: Sequence[int],
                                       level: float = DEFAULT_LEVEL) -> Jackknife:

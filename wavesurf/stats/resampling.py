@@ -383,6 +383,21 @@ def aggregate_entropy2_replicates(sub: Any, positions: Any) -> tuple[np.ndarray,
     return est, reps
 
 
+def redundancy2_replicates(sub: Any, positions: Any) -> tuple[np.ndarray, np.ndarray]:
+    """Alpha=2 redundancy (nats) of layer sets: the block-diagonal alpha=2 aggregate entropy minus
+    the joint one, full-data ``[m]`` and leave-one-group-out ``[G, m]`` values."""
+    from .entropy import aggregate_entropy2_closed_form
+
+    est_p, rep_p = values_and_replicates(sub, "purity")
+    est_c, rep_c = values_and_replicates(sub, "cka")
+    eye = np.eye(len(est_p))
+
+    def red(p: np.ndarray, c: np.ndarray) -> np.ndarray:
+        return aggregate_entropy2_closed_form(p, eye, positions) - aggregate_entropy2_closed_form(p, c, positions)
+
+    return red(est_p, est_c), np.stack([red(p, c) for p, c in zip(rep_p, rep_c)])
+
+
 def boundary_frequency(sub: Any) -> np.ndarray:
     """``[L]``: share of leave-one-group-out CKA matrices whose compartments (same rule as the full
     data) start a new compartment at each layer position (0 for the first position)."""
