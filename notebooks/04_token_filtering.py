@@ -40,6 +40,7 @@ from myst_nb import glue
 
 import wavesurf as ws
 from wavesurf import paper, plots
+from wavesurf.select import sweep_rows
 from wavesurf.notebook import open_notebook
 from wavesurf.stats import variants
 
@@ -53,7 +54,7 @@ print(f"{target.name}: N = {target.n_layers} blocks, d = {target.hidden_size}, "
 # %% tags=["hide-output"]
 names = variants.sweep_variant_names(P)
 sweep = variants.profile_stats(target, P, names)
-rows = paper.sweep_rows(sweep, method="combined")
+rows = sweep_rows(sweep, method="combined")
 paper.write_csv(rows, "tables/04_token_filtering.csv")
 sel = variants.profile_stats(target, P, ["selection"])["selection"]
 ctrl = variants.control_view(sel)

@@ -32,6 +32,7 @@ import matplotlib.pyplot as plt
 from myst_nb import glue
 
 from wavesurf import paper, plots
+from wavesurf.select import selection_rows
 from wavesurf.notebook import open_notebook
 from wavesurf.stats import variants
 
@@ -44,7 +45,7 @@ print(f"{target.name}: N = {target.n_layers} blocks, d = {target.hidden_size}, "
 
 # %% tags=["hide-output"]
 stats = variants.profile_stats(target, P, ["selection"])["selection"]
-rows = paper.selection_rows(stats, k=3)
+rows = selection_rows(stats, k=3)
 paper.write_csv(rows, "tables/05_layer_selection.csv")
 by = {r["method"]: r for r in rows}
 
@@ -67,7 +68,7 @@ HTML(plots.html_table(
 HTML(plots.html_table(rows, ["method", "reason"]))
 
 # %% tags=["hide-input"]
-sets = {r["method"]: [int(i) for i in r["layer_ids"].split()] for r in rows}
+sets = {r["method"]: r["layer_ids"] for r in rows}
 fig, ax = plt.subplots(figsize=(7.5, 2.8))
 plots.plot_layer_sets(sets, target.n_layers, ax=ax, compartments=stats.compartments)
 ax.set_title("selected layer sets (shaded: CKA compartments)", pad=14)
@@ -82,7 +83,7 @@ print("default rule (vLLM ids):", by["default"]["layer_ids"], "| SGLang ids:", b
 
 # %% tags=["remove-input"]
 for m, r in by.items():
-    glue(f"ids_{m}", paper.fmt_ids(int(i) for i in r["layer_ids"].split()), display=False)
+    glue(f"ids_{m}", paper.fmt_ids(r["layer_ids"]), display=False)
     glue(f"s2_{m}", float(r["aggregate_entropy2_nats"]), display=False)
     glue(f"cka_{m}", float(r["mean_pairwise_cka"]), display=False)
 others = [m for m in by if m != "default"]

@@ -57,7 +57,7 @@ def describe_differences(old: Mapping[str, Any], new: Mapping[str, Any]) -> str:
 
 def write_rows_csv(path: Path, rows: Sequence[Mapping[str, Any]], float_format: str = ".10g") -> Path:
     """Tidy CSV; the header is every key in order of first appearance (a row without a column gets
-    an empty cell); floats (numpy ones too) with ``float_format``."""
+    an empty cell); floats (numpy ones too) with ``float_format``; lists (of layer ids) space-joined."""
     import numpy as np
 
     fields = list(dict.fromkeys(k for row in rows for k in row))
@@ -65,7 +65,8 @@ def write_rows_csv(path: Path, rows: Sequence[Mapping[str, Any]], float_format: 
         writer = csv.DictWriter(fh, fieldnames=fields, restval="")
         writer.writeheader()
         for row in rows:
-            writer.writerow({k: (format(float(v), float_format) if isinstance(v, float | np.floating) else v)
+            writer.writerow({k: (format(float(v), float_format) if isinstance(v, float | np.floating)
+                                 else " ".join(map(str, v)) if isinstance(v, list | tuple) else v)
                              for k, v in row.items()})
     return Path(path)
 

@@ -1,5 +1,6 @@
 """What the paper-companion notebooks share beyond the statistics themselves: closed-form scores
-over layer sets, the selection and filter-sweep tables, the speed-table run at a profile's budgets.
+over layer sets, intervals in prose, the speed-table run at a profile's budgets (the selection and
+filter-sweep tables live in :mod:`wavesurf.select`).
 The profile's analysis variants and the cached-results lookup live in :mod:`wavesurf.stats.variants`;
 parameter checks and the first cell in :mod:`wavesurf.notebook`.
 """
@@ -15,7 +16,7 @@ import numpy as np
 from .cache import write_rows_csv
 from .errors import WavesurfError
 from .notebook import NotebookParams
-from .stats.variants import control_view, profile_stats
+from .stats.variants import profile_stats
 
 
 # ---------------------------------------------------------------------------------------------
@@ -74,46 +75,6 @@ def rank_of(values: np.ndarray, value: float) -> tuple[int, float]:
 
 
 # ---------------------------------------------------------------------------------------------
-def selection_rows(stats: Any, k: int = 3, methods: Sequence[str] | None = None, **options: Any) -> list[dict[str, Any]]:
-    """One tidy row per method: ids (vLLM and SGLang), scores, reason, and how it compares with
-    the default rule (alpha=2 aggregate entropy and mean pairwise CKA difference)."""
-    from .select import METHODS, select_layers, selection_recurrence
-
-    methods = list(methods or METHODS)
-    if k != 3 and "default" in methods:
-        methods.remove("default")
-    rows = []
-    default = select_layers(stats, k=3, method="default") if k == 3 else None
-    has_iv = getattr(stats, "has_intervals", False)
-    for m in methods:
-        sel = select_layers(stats, k=k, method=m, **options.get(m, {}))
-        s = sel.scores
-        row = {
-            "method": m, "layer_ids": " ".join(map(str, sel.layer_ids)),
-            "sglang_layer_ids": " ".join("-" if i is None else str(i) for i in sel.sglang_layer_ids),
-            "mean_entropy_nats": s["mean_entropy_nats"], "mean_pairwise_cka": s["mean_pairwise_cka"],
-            "aggregate_entropy2_nats": s["aggregate_entropy2_nats"],
-            "aggregate_entropy1_nats": s.get("aggregate_entropy1_nats", ""),
-            "redundancy2_nats": round(float(redundancy2(stats, [sel.layer_ids])[0]), 4),
-            "same_as_default": default is not None and sel.layer_ids == default.layer_ids,
-            "reason": sel.reason,
-        }
-        if default is not None:
-            row["delta_aggregate_entropy2_vs_default"] = round(
-                s["aggregate_entropy2_nats"] - default.scores["aggregate_entropy2_nats"], 4)
-            if has_iv:
-                jk = stats.aggregate_entropy2_difference(sel.layer_ids, default.layer_ids)
-                row["delta_aggregate_entropy2_low"] = round(float(jk.low), 4)
-                row["delta_aggregate_entropy2_high"] = round(float(jk.high), 4)
-        if has_iv:
-            rj = stats.redundancy2([sel.layer_ids])
-            row["redundancy2_low"], row["redundancy2_high"] = round(float(rj.low[0]), 4), round(float(rj.high[0]), 4)
-        if has_iv:  # how often the same set is chosen with one group of conversations left out
-            row["chosen_in_resamples"] = round(float(selection_recurrence(stats, k, m, **options.get(m, {}))), 4)
-        rows.append(row)
-    return rows
-
-
 def write_csv(rows: Sequence[dict[str, Any]], path: str | Path) -> Path:
     """Tidy CSV (header from the first row's keys)."""
     path = Path(path)
@@ -121,53 +82,6 @@ def write_csv(rows: Sequence[dict[str, Any]], path: str | Path) -> Path:
     if not rows:
         raise WavesurfError(f"no rows to write to {path}")
     return write_rows_csv(path, rows, float_format=".6g")
-
-
-def sweep_rows(stats_by_variant: dict[str, Any], method: str = "combined", k: int = 3) -> list[dict[str, Any]]:
-    """Tidy rows of a token-entropy filter sweep: per filter and subset (filtered / random
-    control / all tokens) the kept tokens, threshold, mean entropy, mean neighbour CKA, mean CKA
-    to the last layer, compartments and the layer set ``method`` selects."""
-    from .select import select_layers, selection_recurrence
-    from .stats.cka import cka_to_last, neighbour_cka
-
-    rows = []
-    for name, stats in stats_by_variant.items():
-        f = stats.meta["filter"]
-        views = [("all" if stats.control is None else "filtered", stats)]
-        if stats.control is not None:
-            views.append(("random", control_view(stats)))
-        for subset, view in views:
-            sel = select_layers(view, k=k, method=method)
-            ivals: dict[str, Any] = {}
-            if getattr(view, "has_intervals", False):
-                for col, q in _SWEEP_METRICS.items():
-                    jk = view.interval(q)
-                    ivals[f"{col}_low"], ivals[f"{col}_high"] = round(float(jk.low), 4), round(float(jk.high), 4)
-                    if subset == "filtered" and stats.control.replicates is not None:
-                        dj = stats.control_difference(q)
-                        ivals[f"{col}_minus_random"] = round(float(dj.estimate), 4)
-                        ivals[f"{col}_minus_random_low"] = round(float(dj.low), 4)
-                        ivals[f"{col}_minus_random_high"] = round(float(dj.high), 4)
-                ivals["selected_in_resamples"] = round(float(selection_recurrence(view, k, method)), 4)
-            rows.append({
-                "variant": name, "filter": f["filter"], "subset": subset,
-                "threshold_nats": f["threshold_nats"] if f["threshold_nats"] is not None else "",
-                "kept_fraction": f["kept_fraction"] if stats.control is not None else 1.0,
-                "tokens": int(view.main.n_tokens),
-                "mean_entropy_nats": round(float(np.mean(view.entropy)), 4),
-                "mean_normalized_entropy": round(float(np.mean(view.normalized_entropy)), 4),
-                "mean_neighbour_cka": round(float(np.mean(neighbour_cka(view.cka))), 4),
-                "mean_cka_to_last": round(float(np.mean(cka_to_last(view.cka))), 4),
-                "n_compartments": len(view.compartments),
-                "compartments": " ".join(f"{a}-{b}" for a, b in view.compartments),
-                "method": method, "selected_ids": " ".join(map(str, sel.layer_ids)), **ivals,
-            })
-    return rows
-
-
-#: Columns of :func:`sweep_rows` and the LayerStats quantities they average over layers.
-_SWEEP_METRICS = {"mean_entropy_nats": "mean_entropy", "mean_normalized_entropy": "mean_normalized_entropy",
-                  "mean_neighbour_cka": "mean_cka_next", "mean_cka_to_last": "mean_cka_to_last"}
 
 
 # ---------------------------------------------------------------------------------------------

@@ -173,7 +173,7 @@ def plot_distribution(values: Any, xlabel: str, marks: dict[str, float] | None =
 
 def plot_sweep(rows: Sequence[dict[str, Any]], metric: str, ylabel: str, ax: Any = None) -> Any:
     """A metric of a token-entropy filter sweep against the kept fraction: filtered positions
-    against random positions of the same count (rows of :func:`wavesurf.paper.sweep_rows`), with
+    against random positions of the same count (rows of :func:`wavesurf.select.sweep_rows`), with
     95% interval whiskers where the rows carry ``<metric>_low``/``_high``."""
     import matplotlib.pyplot as plt
 
@@ -208,6 +208,8 @@ def html_table(rows: Sequence[dict[str, Any]], columns: Sequence[str] | None = N
     def cell(v: Any) -> str:
         if isinstance(v, float | np.floating):
             return format(float(v), floatfmt)
+        if isinstance(v, list | tuple):  # layer ids, as in the CSV
+            return html.escape(" ".join(map(str, v)))
         return html.escape(str(v))
 
     head = "".join(f"<th>{html.escape(headers.get(c, c))}</th>" for c in columns)
