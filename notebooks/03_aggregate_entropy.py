@@ -60,6 +60,11 @@ named = {"default " + paper.fmt_ids(default_ids): default_ids,
          **{f"{m} {paper.fmt_ids(v)}": v for m, v in chosen.items()}}
 s2_named = {n: float(paper.aggregate_entropy2(stats, [v])[0]) for n, v in named.items()}
 red_named = {n: float(paper.redundancy2(stats, [v])[0]) for n, v in named.items()}
+s2_spans = red_spans = None
+if stats.has_intervals:  # 95% intervals of the named sets, shaded in the distributions
+    s2_jk, red_jk = stats.aggregate_entropy2(list(named.values())), stats.redundancy2(list(named.values()))
+    s2_spans = {n: (s2_jk.low[i], s2_jk.high[i]) for i, n in enumerate(named)}
+    red_spans = {n: (red_jk.low[i], red_jk.high[i]) for i, n in enumerate(named)}
 
 # %% tags=["hide-input"]
 fig = plt.figure(figsize=(15, 4.6))
@@ -68,9 +73,10 @@ plots.plot_matrix(pair_s2, ids, "S₂ of the pair (nats)", ax=ax0, title="aggreg
                   marks={"default": default_ids, "aggregate": chosen["aggregate"]})
 ax1 = fig.add_subplot(1, 3, 2)
 plots.plot_distribution(s2_all, "aggregate entropy S₂ of the 3-layer set (nats)", marks=s2_named, ax=ax1,
-                        title=f"all {len(sets):,} sets of 3 block outputs")
+                        title=f"all {len(sets):,} sets of 3 block outputs", spans=s2_spans)
 ax2 = fig.add_subplot(1, 3, 3)
-plots.plot_distribution(red_all, "redundancy (α=2, nats)", marks=red_named, ax=ax2, title="redundancy of the same sets")
+plots.plot_distribution(red_all, "redundancy (α=2, nats)", marks=red_named, ax=ax2, title="redundancy of the same sets",
+                        spans=red_spans)
 fig.tight_layout()
 plots.save_figure(fig, "figures/03_aggregate.png")
 glue("fig_aggregate", fig, display=False)
@@ -113,7 +119,8 @@ else:
 # Left: α = 2 aggregate entropy of every layer pair (diagonal: the single layer), circles the pairs
 # of the default set, squares those of the maximum-aggregate-entropy set. Middle: the distribution
 # of S₂ over all {glue:text}`n_sets` sets of three block outputs, with the default and selected
-# sets marked. Right: their α = 2 redundancy. Filter {glue:text}`filter`,
+# sets marked (shaded: their 95% intervals over groups of conversations). Right: their α = 2
+# redundancy. Filter {glue:text}`filter`,
 # {glue:text}`n_tokens` positions. **What to see:** which pairs (bright) carry the most joint
 # information, and how far the default set is from the top of the distribution (its rank is given
 # below).

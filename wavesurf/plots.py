@@ -151,8 +151,10 @@ def plot_matrix(matrix: Any, layer_ids: Sequence[int], label: str, ax: Any = Non
 
 
 def plot_distribution(values: Any, xlabel: str, marks: dict[str, float] | None = None, ax: Any = None,
-                      bins: int = 60, title: str | None = None) -> Any:
-    """Histogram of a score over many layer sets, with named sets marked as vertical lines."""
+                      bins: int = 60, title: str | None = None,
+                      spans: dict[str, tuple[float, float]] | None = None) -> Any:
+    """Histogram of a score over many layer sets, with named sets marked as vertical lines and,
+    in ``spans``, their 95% intervals shaded in the same colour."""
     import matplotlib.pyplot as plt
 
     use_style()
@@ -162,6 +164,8 @@ def plot_distribution(values: Any, xlabel: str, marks: dict[str, float] | None =
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for n, (name, v) in enumerate((marks or {}).items()):
         ax.axvline(v, color=colours[n % len(colours)], lw=1.6, label=name)
+        if spans and name in spans:
+            ax.axvspan(*spans[name], color=colours[n % len(colours)], alpha=0.18, lw=0)
     ax.set_xlabel(xlabel)
     ax.set_ylabel("number of layer sets")
     if title:
