@@ -35,12 +35,9 @@ def aggregate_entropy2(stats: Any, subsets: Any) -> np.ndarray:
 def redundancy2(stats: Any, subsets: Any) -> np.ndarray:
     """Alpha=2 redundancy (nats, >= 0) of layer-id subsets: the block-diagonal alpha=2 entropy
     minus the joint one, i.e. ``log(sum P + sum_{a!=b} CKA sqrt(P P)) - log(sum P)``."""
-    from .stats.entropy import aggregate_entropy2_closed_form
+    from .stats.entropy import redundancy2_closed_form
 
-    sub = _positions(stats, subsets)
-    no_cross = np.eye(len(stats.purity))
-    return (aggregate_entropy2_closed_form(stats.purity, no_cross, sub)
-            - aggregate_entropy2_closed_form(stats.purity, stats.cka, sub))
+    return redundancy2_closed_form(stats.purity, stats.cka, _positions(stats, subsets))
 
 
 def pair_matrix(stats: Any, fn: Any = None) -> np.ndarray:

@@ -21,7 +21,7 @@ import numpy as np
 from .errors import SelectionError, is_int
 from .models import block_output_ids, check_layer_ids, default_layer_ids
 from .stats.compartments import compartments
-from .stats.entropy import aggregate_entropy2_closed_form
+from .stats.entropy import aggregate_entropy2_closed_form, redundancy2_closed_form
 
 #: Above this many k-subsets, exhaustive methods switch to greedy forward selection.
 EXHAUSTIVE_LIMIT = 2_000_000
@@ -265,12 +265,9 @@ def selection_recurrence(stats: Any, k: int = 3, method: str = "combined", **opt
 # the tables the selection and filtering pages show (tidy rows; lists of ids are written to CSV
 # space-joined by wavesurf.cache.write_rows_csv)
 def _redundancy2(stats: Any, layer_ids: Sequence[int]) -> float:
-    """Alpha=2 redundancy (nats) of one set: block-diagonal minus joint alpha=2 aggregate entropy."""
+    """Alpha=2 redundancy (nats) of one set of layer ids."""
     pos = {lid: k for k, lid in enumerate(stats.layer_ids)}
-    sub = np.array([[pos[int(i)] for i in layer_ids]], dtype=np.int64)
-    purity = np.asarray(stats.purity, dtype=np.float64)
-    return float(aggregate_entropy2_closed_form(purity, np.eye(len(purity)), sub)[0]
-                 - aggregate_entropy2_closed_form(purity, np.asarray(stats.cka, dtype=np.float64), sub)[0])
+    return float(redundancy2_closed_form(stats.purity, stats.cka, [[pos[int(i)] for i in layer_ids]])[0])
 
 
 def selection_rows(stats: Any, k: int = 3, methods: Sequence[str] | None = None, **options: Any) -> list[dict[str, Any]]:

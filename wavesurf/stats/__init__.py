@@ -16,7 +16,7 @@ from .compartments import compartment_costs, compartment_stability, compartments
 _PUBLIC = {
     **dict.fromkeys(["DEFAULT_MEMORY_BUDGET", "MinibatchCKA", "TokenShuffler", "choose_cka_estimator", "cka_to_last",
                      "linear_cka", "linear_cka_from_moments", "neighbour_cka"], "cka"),
-    **dict.fromkeys(["aggregate_covariance", "aggregate_entropy", "aggregate_entropy2_closed_form", "effective_rank",
+    **dict.fromkeys(["aggregate_covariance", "aggregate_entropy", "aggregate_entropy2_closed_form", "effective_rank", "redundancy2_closed_form",
                      "layer_entropies", "matrix_entropy", "purity", "redundancy", "renyi_entropy"], "entropy"),
     **dict.fromkeys(["LayerMoments", "gather_layer_rows"], "moments"),
     **dict.fromkeys(["GroupAssigner", "GroupedLayerMoments", "Jackknife", "jackknife"], "resampling"),

@@ -26,7 +26,7 @@ import numpy as np
 from .._version import __version__
 from ..capture import check_roles
 from ..cache import atomic_directory, entry_dir, params_key, verify_directory, write_manifest, write_rows_csv
-from ..errors import WavesurfError
+from ..errors import StatsError, WavesurfError
 from .cka import DEFAULT_MEMORY_BUDGET, MinibatchCKA, TokenShuffler, choose_cka_estimator, cka_to_last, linear_cka_from_moments, neighbour_cka
 from .compartments import compartment_stability, compartments
 from .entropy import aggregate_entropy as _aggregate_entropy
@@ -475,8 +475,8 @@ def check_corpus_groups(settings: AnalysisSettings, corpus: Any) -> None:
         n_conv = len({conversation_key(e.id) for e in corpus.examples})
         try:
             check_groups(settings.resample_groups, n_sequences=n_conv)
-        except Exception as exc:
-            raise WavesurfError(f"{exc} (corpus {settings.dataset!r} has {n_conv} conversations)") from None
+        except StatsError as exc:
+            raise StatsError(f"{exc} (corpus {settings.dataset!r} has {n_conv} conversations)") from None
 
 
 def result_dir(model_name: str, key: str) -> Path:

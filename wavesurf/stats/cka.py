@@ -253,7 +253,7 @@ class MinibatchCKA:
         if n < 4:
             raise StatsError(f"minibatch CKA needs at least 4 tokens per minibatch (unbiased HSIC divides by n-3), got {n}")
         L = len(self.layer_ids)
-        xs, means = [], []
+        xs = []
         for lid, r in zip(self.layer_ids, rows):
             if not all_finite(r):
                 raise StatsError(
@@ -261,12 +261,7 @@ class MinibatchCKA:
                     "nothing from this batch was accumulated"
                 )
             x = r.to(self.device, self.gram_dtype)
-            x = x - x.mean(dim=0)  # exact invariance; avoids cancellation in the Gram
-            colsum = x @ x.sum(dim=0) - (x * x).sum(dim=1)  # column sums of K with zero diagonal
-            mu = colsum / (n - 2)
-            mu = mu - mu.sum() / (2 * (n - 1))
-            xs.append(x)
-            means.append(mu)
+            xs.append(x - x.mean(dim=0))  # exact invariance; avoids cancellation in the Gram
         if self.n_groups:
             H, H_without = grouped_unbiased_hsic(xs, groups, self.n_groups)
             self._hsic.add_(H)
@@ -274,6 +269,11 @@ class MinibatchCKA:
             self._batches += 1
             self._n += n
             return
+        means = []  # U-centring: row means of K with zero diagonal, corrected
+        for x in xs:
+            colsum = x @ x.sum(dim=0) - (x * x).sum(dim=1)  # column sums of K with zero diagonal
+            mu = colsum / (n - 2)
+            means.append(mu - mu.sum() / (2 * (n - 1)))
         chunk = max(1, min(n, _GRAM_CHUNK_ELEMENTS // (L * n)))
         H = torch.zeros(L, L, dtype=torch.float64, device=self.device)
         G = torch.empty(L, chunk, n, dtype=self.gram_dtype, device=self.device)

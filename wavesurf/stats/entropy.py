@@ -233,3 +233,12 @@ def aggregate_entropy2_closed_form(purities: Any, cka: Any, subsets: Any) -> np.
         blk = sub[s : s + step]
         total[s : s + step] = Q[blk[:, :, None], blk[:, None, :]].sum(axis=(1, 2))
     return 2.0 * math.log(k) - np.log(total)
+
+
+def redundancy2_closed_form(purities: Any, cka: Any, subsets: Any) -> np.ndarray:
+    """Alpha=2 redundancy (nats, >= 0) of many layer subsets at once: the block-diagonal alpha=2
+    aggregate entropy (no cross terms) minus the joint one, both from
+    :func:`aggregate_entropy2_closed_form` (same arguments); ``[m]``."""
+    P = _as_numpy64(purities).ravel()
+    return (aggregate_entropy2_closed_form(P, np.eye(len(P)), subsets)
+            - aggregate_entropy2_closed_form(P, cka, subsets))

@@ -101,6 +101,17 @@ def all_finite(x: Tensor) -> bool:
     return bool(torch.isfinite(x.sum(dtype=torch.float64)))
 
 
+def shift_blocks_(outer: Tensor, sums: Tensor, delta: Tensor, n: Any) -> None:
+    """Re-express per-layer shifted second-moment blocks relative to a shift ``delta`` lower, in
+    place: ``outer += s delta^T + delta s^T + n delta delta^T`` for every layer (rows y shifted by
+    the old reference are y + delta against the new one). ``outer`` ``[..., L, d, d]``, ``sums``
+    ``[..., L, d]``, ``delta`` ``[L, d]``, ``n`` a count or one count per leading index."""
+    counts = torch.as_tensor(n, dtype=outer.dtype, device=outer.device)
+    outer.add_(sums[..., :, None] * delta[:, None, :])
+    outer.add_(delta[:, :, None] * sums[..., None, :])
+    outer.add_((delta[:, :, None] * delta[:, None, :]) * counts.reshape(counts.shape + (1, 1, 1)))
+
+
 def l2_normalize_rows_(x: Tensor) -> Tensor:
     """Scale every row of ``x`` to unit L2 norm, in place (all-zero rows stay zero)."""
     norms = torch.linalg.vector_norm(x, dim=1, keepdim=True)
@@ -293,10 +304,7 @@ class LayerMoments:
             self._outer.addr_(delta, delta, alpha=float(nb))
         else:
             L, d = len(self.layer_ids), self.dim
-            sv, dv = o_sum.view(L, d), delta.view(L, d)
-            self._outer.add_(sv[:, :, None] * dv[:, None, :])
-            self._outer.add_(dv[:, :, None] * sv[:, None, :])
-            self._outer.add_(dv[:, :, None] * dv[:, None, :], alpha=float(nb))
+            shift_blocks_(self._outer, o_sum.view(L, d), delta.view(L, d), nb)
         self._sum.add_(o_sum + nb * delta)
         self._n += nb
         return self
@@ -333,10 +341,7 @@ class LayerMoments:
                     self._outer.addr_(delta, self._sum)
                     self._outer.addr_(delta, delta, alpha=float(self._n))
                 else:
-                    sv, dv = self._sum.view(L, d), delta.view(L, d)
-                    self._outer.add_(sv[:, :, None] * dv[:, None, :])
-                    self._outer.add_(dv[:, :, None] * sv[:, None, :])
-                    self._outer.add_(dv[:, :, None] * dv[:, None, :], alpha=float(self._n))
+                    shift_blocks_(self._outer, self._sum.view(L, d), delta.view(L, d), self._n)
                 self._sum.add_(self._n * delta)
             self._shift = common
             all_reduce_into_(self._sum)

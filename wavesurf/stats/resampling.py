@@ -29,7 +29,8 @@ import numpy as np
 import torch
 
 from wavesurf.errors import StatsError
-from wavesurf.stats.moments import States, all_finite, config_differences, gather_layer_rows, l2_normalize_rows_
+from wavesurf.stats.moments import (States, all_finite, config_differences, gather_layer_rows, l2_normalize_rows_,
+                                   shift_blocks_)
 
 #: Resampling groups of the analyses by default: enough degrees of freedom (G - 1 = 9) for a t
 #: interval, few enough that each group still holds several sequences on a 20k-token run.
@@ -257,12 +258,10 @@ class GroupedLayerMoments:
         if self._shift is None:
             self._shift = other._shift.clone()
         delta = other._shift - self._shift  # [L, d]
+        self._outer.add_(other._outer)
+        shift_blocks_(self._outer, other._sum, delta, other._count)
         nb = torch.as_tensor(other._count, dtype=torch.float64)[:, None, None]
-        s = other._sum
-        self._outer.add_(other._outer + s[..., :, None] * delta[None, :, None, :]
-                         + delta[None, :, :, None] * s[..., None, :]
-                         + nb[..., None] * (delta[:, :, None] * delta[:, None, :])[None])
-        self._sum.add_(s + nb * delta[None])
+        self._sum.add_(other._sum + nb * delta[None])
         self._count += other._count
         return self
 
@@ -386,16 +385,12 @@ def aggregate_entropy2_replicates(sub: Any, positions: Any) -> tuple[np.ndarray,
 def redundancy2_replicates(sub: Any, positions: Any) -> tuple[np.ndarray, np.ndarray]:
     """Alpha=2 redundancy (nats) of layer sets: the block-diagonal alpha=2 aggregate entropy minus
     the joint one, full-data ``[m]`` and leave-one-group-out ``[G, m]`` values."""
-    from .entropy import aggregate_entropy2_closed_form
+    from .entropy import redundancy2_closed_form
 
     est_p, rep_p = values_and_replicates(sub, "purity")
     est_c, rep_c = values_and_replicates(sub, "cka")
-    eye = np.eye(len(est_p))
-
-    def red(p: np.ndarray, c: np.ndarray) -> np.ndarray:
-        return aggregate_entropy2_closed_form(p, eye, positions) - aggregate_entropy2_closed_form(p, c, positions)
-
-    return red(est_p, est_c), np.stack([red(p, c) for p, c in zip(rep_p, rep_c)])
+    return (redundancy2_closed_form(est_p, est_c, positions),
+            np.stack([redundancy2_closed_form(p, c, positions) for p, c in zip(rep_p, rep_c)]))
 
 
 def boundary_frequency(sub: Any) -> np.ndarray:
