@@ -39,6 +39,11 @@ SETTINGS = {
     "warmup30": {"warmup_steps": 30},
     "tokens150k": {"train_tokens": 150_000},
     "tokens400k": {"train_tokens": 400_000},
+    # wavesurf.drafter.induction: start as a copy head; train everything, or keep fc and attention
+    "induction": {"init_attention": "induction", "init_lm_head": "target"},
+    "induction_frozen": {"init_attention": "induction", "init_lm_head": "target", "frozen": ["fc", "attention"]},
+    "induction_frozen_lr3e-4": {"init_attention": "induction", "init_lm_head": "target",
+                                "frozen": ["fc", "attention"], "lr": 3e-4},
 }
 
 

@@ -46,9 +46,14 @@ from .vocab import build_draft_vocab, check_draft_vocab_size
 
 SCHEDULES = ("cosine", "linear", "constant")
 LM_HEAD_INITS = ("random", "target")
+ATTENTION_INITS = ("random", "induction")
+#: parts of a head ``TrainSettings.frozen`` may keep at their initial weights: name -> parameter prefixes
+FREEZABLE = {"fc": ("fc.",), "attention": ("midlayer.self_attn.", "midlayer.hidden_norm.", "midlayer.input_layernorm.")}
 TRAINER_STATE = "trainer.json"
 #: settings that do not change the trained weights (a resume may change them)
 _NOT_FINGERPRINTED = ("checkpoint_every", "log_every")
+#: options added later: left out of the fingerprint at their default, so earlier heads keep their keys
+_FINGERPRINTED_IF_SET = {"init_attention": "random", "frozen": ()}
 
 
 @dataclass
@@ -84,6 +89,8 @@ class TrainSettings:
     draft_vocab_size: int = 32000
     vocab_tokens: int | None = None
     init_lm_head: str = "random"
+    init_attention: str = "random"
+    frozen: tuple[str, ...] = ()
     input_norm: str = "none"
     checkpoint_every: int = 100
     log_every: int = 10
@@ -102,6 +109,10 @@ class TrainSettings:
         positive_int("warmup_steps", allow_zero=True)
         for name in ("max_steps", "train_tokens", "vocab_tokens"):
             positive_int(name, allow_none=True)
+        if self.init_attention not in ATTENTION_INITS:
+            raise DrafterError(f"init_attention={self.init_attention!r} is not one of {ATTENTION_INITS}")
+        if isinstance(self.frozen, str) or any(part not in FREEZABLE for part in self.frozen):
+            raise DrafterError(f"frozen={self.frozen!r} must be a list of parts among {sorted(FREEZABLE)}")
         if self.init_lm_head not in LM_HEAD_INITS:
             raise DrafterError(f"init_lm_head={self.init_lm_head!r} is not one of {LM_HEAD_INITS}")
         if self.input_norm not in INPUT_NORMS:
@@ -120,6 +131,10 @@ class TrainSettings:
     def fingerprint(self) -> dict[str, Any]:
         d = asdict(self)
         d["betas"] = list(self.betas)
+        d["frozen"] = sorted(self.frozen)
+        for name, default in _FINGERPRINTED_IF_SET.items():
+            if d[name] == list(default) or d[name] == default:
+                d.pop(name)
         return {k: v for k, v in d.items() if k not in _NOT_FINGERPRINTED}
 
 
@@ -365,11 +380,18 @@ def train_drafter(
     head.set_vocab(torch.from_numpy(vocab.ids))
     if settings.init_lm_head == "target":
         init_from_target(head, target)
+    embedding = target.model.get_input_embeddings()
+    if settings.init_attention == "induction":
+        from .induction import induction_init
+
+        induction_init(head, store.batches(ids, 4096), embedding, seed=settings.seed)
     head.to(accelerator.device).train()
     target_head = TargetHead(target, vocab.ids)
-    embedding = target.model.get_input_embeddings()
-    optimizer = torch.optim.AdamW(head.parameters(), lr=settings.lr, betas=tuple(settings.betas),
-                                  weight_decay=settings.weight_decay)
+    frozen = tuple(prefix for part in settings.frozen for prefix in FREEZABLE[part])
+    for name, param in head.named_parameters():
+        param.requires_grad_(not name.startswith(frozen))
+    optimizer = torch.optim.AdamW([p for p in head.parameters() if p.requires_grad], lr=settings.lr,
+                                  betas=tuple(settings.betas), weight_decay=settings.weight_decay)
 
     def loader_for(epoch: int) -> Any:
         n = len(store.batches(ids, settings.batch_tokens))
