@@ -9,6 +9,7 @@ from typing import Any
 
 from ._version import __version__
 from .assets import CORPUS_ASSETS, DEFAULT_MODEL, EMBEDDED_MODELS
+from .errors import ParameterError
 
 
 def _layer_list(text: str) -> list[int] | str:
@@ -234,7 +235,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     target = _load_target(args, device=device)
     layers = target.default_layer_ids() if args.layers == "default" else args.layers
     if layers == "all":
-        raise ValueError("--layers all: a drafter reads a few layers; give ids like 2,15,27 or 'default'")
+        raise ParameterError("--layers all: a drafter reads a few layers; give ids like 2,15,27 or 'default'")
     from .drafter.head import check_draft_layer_ids
 
     layers = check_draft_layer_ids(layers, target.n_layers)
@@ -266,7 +267,7 @@ def cmd_distill(args: argparse.Namespace) -> int:
     elif split == "none":
         split = None
     elif split not in SPLITS:
-        raise ValueError(f"--split {split!r} is not one of {', '.join(SPLITS)} or none")
+        raise ParameterError(f"--split {split!r} is not one of {', '.join(SPLITS)} or none")
     target = _load_target(args)
     corpus = distill_corpus(target, args.dataset, split, max_tokens=args.max_tokens, max_len=args.max_len,
                             max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed,
