@@ -36,7 +36,7 @@ def main() -> None:
                     help="chainK or treeDEPTHxTOPKxTOTAL, comma-separated")
     args = ap.parse_args()
 
-    from wavesurf.bench import run_bench
+    from wavesurf.bench import BenchSettings, run_bench
     from wavesurf.drafter.features import FeatureSettings, build_feature_store
     from wavesurf.drafter.head import load_head
     from wavesurf.drafter.train import TrainSettings, train_drafter
@@ -68,7 +68,8 @@ def main() -> None:
         else:
             depth, top_k, total = (int(x) for x in shape[4:].split("x"))
             kw = {"mode": "tree", "depth": depth, "top_k": top_k, "total_tokens": total}
-        run = run_bench(target, head, args.dataset, n_prompts=args.n_prompts, max_new_tokens=args.max_new_tokens, **kw)
+        run = run_bench(target, head, args.dataset,
+                        BenchSettings(n_prompts=args.n_prompts, max_new_tokens=args.max_new_tokens, **kw))
         out["bench"][shape] = {m: {k: v[k] for k in ("tau", "speedup", "mean_tokens_per_second", "lossless") if k in v}
                                for m, v in run.summary["methods"].items()}
         print(json.dumps({shape: out["bench"][shape]}), flush=True)

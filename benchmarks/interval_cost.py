@@ -12,40 +12,26 @@ minibatch CKA next to the exact moments, so its extra cost is the same minibatch
 """
 from __future__ import annotations
 
-import argparse
 import os
 import time
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
+from _common import capture_stream, stats_cost_parser
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="smollm2-135m")
-    ap.add_argument("--batches", type=int, default=3, help="timed batches (after one warm-up)")
-    ap.add_argument("--batch-tokens", type=int, default=4096)
-    ap.add_argument("--minibatch-size", type=int, default=512)
+    ap = stats_cost_parser(__doc__)
     ap.add_argument("--groups", type=int, default=10)
     args = ap.parse_args()
 
     import numpy as np
     import torch
 
-    from wavesurf.capture import capture
-    from wavesurf.data import load_corpus
-    from wavesurf.models import configure_torch, load_target
     from wavesurf.stats import LayerMoments, MinibatchCKA, TokenShuffler, gather_layer_rows
     from wavesurf.stats.resampling import GroupAssigner, GroupedLayerMoments
 
-    configure_torch()
-    print(f"torch threads: {torch.get_num_threads()}; load average {os.getloadavg()[0]:.2f} at start")
-    target = load_target(args.model)
-    L, d, G = target.n_layers + 1, target.hidden_size, args.groups
-    ids = list(range(L))
-    corpus = load_corpus("sharegpt", split="stats")
+    target, ids, corpus, stream = capture_stream(args)
+    L, d, G = len(ids), target.hidden_size, args.groups
     assigner = GroupAssigner(G, [e.id for e in corpus.examples])
-    stream = capture(target, corpus, (args.batches + 1) * args.batch_tokens, batch_tokens=args.batch_tokens,
-                     progress=False)
     grouped = GroupedLayerMoments(ids, d, G)  # replaces the per-layer moments on the minibatch path
     single = LayerMoments(ids, d, pairs=False)  # what the minibatch path kept before
     cols = {"per-layer moments, no groups": 0.0, "per-layer moments per group": 0.0,

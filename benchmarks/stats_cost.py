@@ -8,39 +8,26 @@ with all pairs; memory flat in the number of tokens; all 3-subsets of 31 layers 
 """
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 import os
 import resource
 import time
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
+from _common import capture_stream, stats_cost_parser
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="smollm2-135m")
-    ap.add_argument("--batches", type=int, default=3, help="timed batches (after one warm-up)")
-    ap.add_argument("--batch-tokens", type=int, default=4096)
-    ap.add_argument("--minibatch-size", type=int, default=512)
-    args = ap.parse_args()
+    args = stats_cost_parser(__doc__).parse_args()
 
     import numpy as np
     import torch
 
-    from wavesurf.capture import capture
-    from wavesurf.data import load_corpus
-    from wavesurf.models import configure_torch, load_target
     from wavesurf.stats import LayerMoments, MinibatchCKA, TokenShuffler, aggregate_entropy2_closed_form, gather_layer_rows
 
-    configure_torch()
-    target = load_target(args.model)
-    L, d = target.n_layers + 1, target.hidden_size
-    ids = list(range(L))
-    corpus = load_corpus("sharegpt", split="stats")
+    target, ids, _, stream = capture_stream(args)
+    L, d = len(ids), target.hidden_size
     budget = (args.batches + 1) * args.batch_tokens
-    stream = capture(target, corpus, budget, batch_tokens=args.batch_tokens, progress=False)
 
     accs = {
         "exact all pairs (float64 moments of the L*d concatenation)": LayerMoments(ids, d, pairs=True),

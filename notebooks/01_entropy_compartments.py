@@ -36,7 +36,7 @@ from myst_nb import glue
 
 from wavesurf import paper, plots
 from wavesurf.notebook import open_notebook
-from wavesurf.stats import variants
+from wavesurf.stats import compartment_label, variants
 
 P, target = open_notebook(model, dataset, max_tokens, profile, seed, device)
 
@@ -48,7 +48,7 @@ print(f"{target.name}: N = {target.n_layers} blocks, d = {target.hidden_size}, "
 # %% tags=["hide-output"]
 stats = variants.profile_stats(target, P)  # every variant the statistics notebooks read, one capture
 base, pos0 = stats["base"], stats["position0"]
-cb, cp = paper.depth_curves(base), paper.depth_curves(pos0)
+cb, cp = base.depth_curves(), pos0.depth_curves()
 ids = base.layer_ids
 
 # %% tags=["hide-input"]
@@ -95,8 +95,7 @@ glue("pos0_max_shift_layer", ids[int(np.argmax(np.abs(d1)))], display=False)
 glue("pos0_direction", "lowers" if np.mean(d1) < 0 else "raises", display=False)
 default_ids = target.default_layer_ids()
 glue("default_ids", paper.fmt_ids(default_ids), display=False)
-glue("default_blocks", ", ".join(f"C{next(b for b, (lo, hi) in enumerate(blocks) if lo <= i <= hi) + 1}"
-                                 for i in default_ids), display=False)
+glue("default_blocks", ", ".join(compartment_label(i, blocks) for i in default_ids), display=False)
 
 # %% [markdown]
 # ```{glue:figure} fig_entropy_depth

@@ -76,8 +76,7 @@ plt.close(fig)
 # %% tags=["remove-input"]
 k_jump = int(np.argmin(nxt))
 default_ids = target.default_layer_ids()
-pos = {lid: k for k, lid in enumerate(ids)}
-pairs = [(a, b) for n, a in enumerate(default_ids) for b in default_ids[n + 1:]]
+default_cka = base.pair_cka(default_ids)  # every pair of default layers
 glue("n_tokens", f"{base.main.n_tokens:,}", display=False)
 glue("estimator", base.meta["estimator_used"], display=False)
 glue("min_next", paper.interval_text(nxt[k_jump], nxt_jk, ".3f", k_jump), display=False)
@@ -88,8 +87,8 @@ glue("mean_next_inner", float(np.mean(nxt[1:])), display=False)
 glue("cka_embed_last", float(last[0]), display=False)
 half = next((lid for lid, v in zip(ids, last) if v >= 0.5), ids[-1])
 glue("first_half_last", half, display=False)
-glue("default_pairs", "; ".join(f"CKA({a}, {b}) = {base.cka[pos[a], pos[b]]:.2f}" for a, b in pairs), display=False)
-glue("default_mean_cka", float(np.mean([base.cka[pos[a], pos[b]] for a, b in pairs])), display=False)
+glue("default_pairs", "; ".join(f"CKA({a}, {b}) = {v:.2f}" for (a, b), v in default_cka.items()), display=False)
+glue("default_mean_cka", float(np.mean(list(default_cka.values()))), display=False)
 glue("n_compartments", len(base.compartments), display=False)
 starts = [ids.index(lo) for lo, _ in base.compartments[1:]]
 if iv and starts:

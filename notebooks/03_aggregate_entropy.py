@@ -36,6 +36,7 @@ from myst_nb import glue
 
 import wavesurf as ws
 from wavesurf import paper, plots
+from wavesurf.select import all_subsets
 from wavesurf.notebook import open_notebook
 from wavesurf.stats import variants
 
@@ -49,20 +50,20 @@ print(f"{target.name}: N = {target.n_layers} blocks, d = {target.hidden_size}, "
 # %% tags=["hide-output"]
 stats = variants.profile_stats(target, P, ["selection"])["selection"]
 ids = stats.layer_ids
-pair_s2 = paper.pair_matrix(stats)
+pair_s2 = stats.pair_matrix()
 cand = [i for i in ids if i >= 1]  # drafter candidates: block outputs 1..N
-sets = paper.all_subsets(cand, 3)
-s2_all = paper.aggregate_entropy2(stats, sets)
-red_all = paper.redundancy2(stats, sets)
+sets = all_subsets(cand, 3)
+s2_all = stats.aggregate_entropy2(sets)
+red_all = stats.redundancy2(sets)
 default_ids = target.default_layer_ids()
 chosen = {m: ws.select_layers(stats, k=3, method=m).layer_ids for m in ("aggregate", "combined")}
 named = {"default " + paper.fmt_ids(default_ids): default_ids,
          **{f"{m} {paper.fmt_ids(v)}": v for m, v in chosen.items()}}
-s2_named = {n: float(paper.aggregate_entropy2(stats, [v])[0]) for n, v in named.items()}
-red_named = {n: float(paper.redundancy2(stats, [v])[0]) for n, v in named.items()}
+s2_named = {n: float(stats.aggregate_entropy2([v])[0]) for n, v in named.items()}
+red_named = {n: float(stats.redundancy2([v])[0]) for n, v in named.items()}
 s2_spans = red_spans = None
 if stats.has_intervals:  # 95% intervals of the named sets, shaded in the distributions
-    s2_jk, red_jk = stats.aggregate_entropy2(list(named.values())), stats.redundancy2(list(named.values()))
+    s2_jk, red_jk = stats.aggregate_entropy2_interval(list(named.values())), stats.redundancy2_interval(list(named.values()))
     s2_spans = {n: (s2_jk.low[i], s2_jk.high[i]) for i, n in enumerate(named)}
     red_spans = {n: (red_jk.low[i], red_jk.high[i]) for i, n in enumerate(named)}
 

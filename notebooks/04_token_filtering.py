@@ -63,7 +63,7 @@ ids = sel.layer_ids
 # %% tags=["hide-input"]
 fig, axes = plt.subplots(2, 2, figsize=(10, 7))
 axes = axes.ravel()
-cf, cr = paper.depth_curves(sel), paper.depth_curves(ctrl)
+cf, cr = sel.depth_curves(), ctrl.depth_curves()
 plots.plot_depth([(f"filtered ({sel.meta['filter']['filter']})", ids, cf["S1_norm"], cf.get("S1_norm_band")),
                   ("random, same size", ids, cr["S1_norm"], cr.get("S1_norm_band"))],
                  "normalised S₁", ax=axes[0], compartments=sel.compartments, styles=[{}, {"ls": "--", "marker": "s"}])
@@ -96,7 +96,6 @@ HTML(plots.html_table(rows, cols, headers={"threshold_nats": "threshold (nats)",
 # %% tags=["remove-input"]
 f = sel.meta["filter"]
 de = cf["S1_norm"] - cr["S1_norm"]
-by = {(r["variant"], r["subset"]): r for r in rows}
 sel_f = ws.select_layers(sel, k=3, method="combined").layer_ids
 sel_r = ws.select_layers(ctrl, k=3, method="combined").layer_ids
 sel_all = ws.select_layers(sweep["base"], k=3, method="combined").layer_ids

@@ -127,8 +127,8 @@ glue("default_speedup_max", max(float(r["speedup"]) for r in timed_default), dis
 glue("default_speedup_ci", "; ".join(
     f"{r['dataset']} {float(r['speedup']):.2f}x" + (f" (95% CI {float(r['speedup_lo']):.2f}–{float(r['speedup_hi']):.2f})"
                                                   if r["speedup_lo"] != "" else "") for r in timed_default), display=False)
-glue("bench_prompts", settings.bench["n_prompts"], display=False)
-glue("bench_tokens", settings.bench["max_new_tokens"], display=False)
+glue("bench_prompts", settings.bench.n_prompts, display=False)
+glue("bench_tokens", settings.bench.max_new_tokens, display=False)
 glue("timed_setting", table.timed_setting, display=False)
 glue("n_lossless", sum(int(r["lossless_prompts"] or 0) for r in table.timed), display=False)
 glue("n_runs", sum(int(r["prompts"] or 0) for r in table.timed), display=False)

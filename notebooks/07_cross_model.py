@@ -30,8 +30,8 @@ import matplotlib.pyplot as plt
 import numpy as np
 from myst_nb import glue
 
-import wavesurf as ws
 from wavesurf import paper, plots
+from wavesurf.select import cross_model_rows
 from wavesurf.notebook import open_notebook
 from wavesurf.stats import variants
 
@@ -57,7 +57,7 @@ print("this model:", target.name, "| included:", target.name in models)
 from wavesurf.stats.cka import cka_to_last
 
 fig, axes = plt.subplots(1, 2, figsize=(11, 3.6))
-curves = {m: paper.depth_curves(s) for m, s in bases.items()}
+curves = {m: s.depth_curves() for m, s in bases.items()}
 plots.plot_depth([(f"{m} (N={s.n_layers})", np.array(s.layer_ids) / s.n_layers, curves[m]["S1_norm"],
                    curves[m].get("S1_norm_band")) for m, s in bases.items()],
                  "normalised S₁", ax=axes[0], xlabel="relative depth (layer id / N)")
@@ -72,14 +72,7 @@ plt.close(fig)
 # %% tags=["remove-input"]
 from IPython.display import HTML
 
-table = []
-for m in models:
-    s = selections.get(m, bases[m])
-    row = {"model": m, "N": s.n_layers, "compartments (no filter)": " ".join(f"{a}-{b}" for a, b in bases[m].compartments)}
-    for method in ("default", "aggregate", "combined"):
-        ids_ = ws.select_layers(s, k=3, method=method).layer_ids
-        row[method] = paper.fmt_ids(ids_) + " → [" + ", ".join(f"{i / s.n_layers:.2f}" for i in ids_) + "]"
-    table.append(row)
+table = cross_model_rows(bases, selections, methods=("default", "aggregate", "combined"))
 paper.write_csv(table, "tables/07_cross_model.csv")
 HTML(plots.html_table(table))
 

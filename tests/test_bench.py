@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 from wavesurf.bench import (
-    METHODS, BenchError, BenchPrompt, bench_prompts, head_fingerprint, prompt_ids, run_bench, untrained_head,
+    METHODS, BenchError, BenchPrompt, BenchSettings, bench_prompts, head_fingerprint, prompt_ids, run_bench, untrained_head,
 )
+from wavesurf.cache import params_key
 from wavesurf.cli import main
 
 
@@ -22,8 +23,8 @@ def tmp_cache(tmp_path, monkeypatch):
 
 def test_run_bench_rows_summary_and_cache(smollm, tmp_cache):
     head = untrained_head(smollm)
-    kw = dict(n_prompts=1, max_new_tokens=6, mode="chain", draft_len=3, progress=False)
-    res = run_bench(smollm, head, "mt-bench", **kw)
+    settings = BenchSettings(n_prompts=1, max_new_tokens=6, mode="chain", draft_len=3)
+    res = run_bench(smollm, head, "mt-bench", settings, progress=False)
     assert [r["method"] for r in res.rows] == list(METHODS)
     for r in res.rows:
         assert r["turns"] == 2 and r["prompt_id"] == "mt-bench/81"
@@ -38,7 +39,13 @@ def test_run_bench_rows_summary_and_cache(smollm, tmp_cache):
     with open(res.path / "rows.csv") as fh:
         assert len(list(csv.DictReader(fh))) == len(METHODS)
     assert json.loads((res.path / "summary.json").read_text())["settings"]["drafter"] == head_fingerprint(head)
-    again = run_bench(smollm, head, "mt-bench", **kw)  # served from the cache: same key, same numbers
+    # the cache key: exactly these names (results cached before BenchSettings keep their keys)
+    assert res.key == params_key(res.settings) and sorted(res.settings) == sorted([
+        "model", "drafter", "dataset", "split", "split_seed", "n_prompts", "max_new_tokens", "mode", "depth", "top_k",
+        "total_tokens", "temperature", "seed", "methods", "prompt_lookup_tokens", "max_prompt_tokens", "warmup",
+        "tie_eps", "device", "threads", "wavesurf", "layer_ids", "draft_vocab_size"])
+    assert res.settings["methods"] == list(METHODS) and (res.settings["depth"], res.settings["top_k"]) == (3, 1)
+    again = run_bench(smollm, head, "mt-bench", settings, progress=False)  # served from the cache: same key, same numbers
     assert again.key == res.key and again.rows[0]["seconds"] == res.rows[0]["seconds"]
     other = untrained_head(smollm, seed=1)  # another drafter is never served this result
     assert head_fingerprint(other) != head_fingerprint(head)
@@ -67,11 +74,15 @@ def test_plain_text_prompts_for_models_without_a_template(smollm):
 def test_bad_settings_are_refused(smollm, tmp_cache):
     head = untrained_head(smollm)
     with pytest.raises(BenchError, match="dataset='gsm8k'"):
-        run_bench(smollm, head, "gsm8k", n_prompts=1)
+        run_bench(smollm, head, "gsm8k", BenchSettings(n_prompts=1))
     with pytest.raises(BenchError, match="beam"):
-        run_bench(smollm, head, "mt-bench", n_prompts=1, methods=["beam"])
+        BenchSettings(n_prompts=1, methods=["beam"])
     with pytest.raises(BenchError, match="n_prompts=0"):
-        run_bench(smollm, head, "mt-bench", n_prompts=0)
+        BenchSettings(n_prompts=0)
+    with pytest.raises(BenchError, match="must be a BenchSettings"):
+        run_bench(smollm, head, "mt-bench", {"n_prompts": 1})
+    with pytest.raises(BenchError, match=r"unknown bench settings \['prompts'\]"):
+        BenchSettings.from_dict({"prompts": 3})
     assert not (tmp_cache / "results").exists()  # nothing half-written
 
 

@@ -6,7 +6,8 @@ import matplotlib
 matplotlib.use("Agg")
 import numpy as np  # noqa: E402
 
-from wavesurf import paper, plots  # noqa: E402
+from wavesurf import plots  # noqa: E402
+from wavesurf.select import all_subsets  # noqa: E402
 
 
 def _labels(ax):
@@ -16,16 +17,16 @@ def _labels(ax):
 def test_depth_matrix_distribution_and_sets_are_labelled(small_stats, tmp_path):
     import matplotlib.pyplot as plt
 
-    curves = paper.depth_curves(small_stats)
+    curves = small_stats.depth_curves()
     ax = plots.plot_depth([("S1", small_stats.layer_ids, curves["S1"])], "S₁ (nats)",
                           compartments=small_stats.compartments, mark=[2, 15, 27])
     assert _labels(ax) == (plots.LAYER_AXIS, "S₁ (nats)")
     assert len(ax.patches) == len(small_stats.compartments)  # one shaded band per compartment
-    ax = plots.plot_matrix(paper.pair_matrix(small_stats), small_stats.layer_ids, "S₂ (nats)",
+    ax = plots.plot_matrix(small_stats.pair_matrix(), small_stats.layer_ids, "S₂ (nats)",
                            marks={"default": [2, 15, 27]})
     assert all(_labels(ax)) and ax.figure.axes[-1].get_ylabel() == "S₂ (nats)"  # colour bar label
-    sets = paper.all_subsets(range(1, 31), 3)
-    ax = plots.plot_distribution(paper.aggregate_entropy2(small_stats, sets), "S₂ (nats)", marks={"default": 3.0})
+    sets = all_subsets(range(1, 31), 3)
+    ax = plots.plot_distribution(small_stats.aggregate_entropy2(sets), "S₂ (nats)", marks={"default": 3.0})
     assert _labels(ax) == ("S₂ (nats)", "number of layer sets") and len(ax.get_lines()) == 1
     ax = plots.plot_layer_sets({"default": [2, 15, 27], "x": [1, 9, 30]}, 30)
     assert [t.get_text() for t in ax.get_yticklabels()] == ["default", "x"]

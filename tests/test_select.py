@@ -7,7 +7,8 @@ import pytest
 from wavesurf import paper
 from wavesurf import select as sel
 from wavesurf.consumers import ConsumerError
-from wavesurf.select import METHODS, SelectionError, select_layers, selection_rows, sweep_rows
+from wavesurf.select import (METHODS, SelectionError, all_subsets, cross_model_rows, select_layers, selection_rows,
+                             sweep_rows)
 from wavesurf.stats import variants as stats_variants
 from wavesurf.stats.entropy import aggregate_entropy2_closed_form
 
@@ -133,6 +134,16 @@ def test_selection_and_sweep_rows(small_stats, tmp_path):
     assert len(sweep) == 1 and sweep[0]["subset"] == "all" and sweep[0]["kept_fraction"] == 1.0
     with pytest.raises(Exception, match="no random control"):
         stats_variants.control_view(small_stats)
+    assert rows[0]["redundancy2_nats"] == round(float(small_stats.redundancy2([[2, 15, 27]])[0]), 4)
+
+
+def test_all_subsets_and_cross_model_rows(small_stats):
+    assert all_subsets(range(1, 31), 3).shape == (4060, 3)
+    assert all_subsets([3, 1, 2], 2).tolist() == [[1, 2], [1, 3], [2, 3]]
+    rows = cross_model_rows({"m": small_stats}, {}, methods=("default", "combined"))
+    assert list(rows[0]) == ["model", "N", "compartments (no filter)", "default", "combined"]
+    assert rows[0]["N"] == 30 and rows[0]["default"] == "[2, 15, 27] → [0.07, 0.50, 0.90]"
+    assert rows[0]["compartments (no filter)"] == " ".join(f"{a}-{b}" for a, b in small_stats.compartments)
 
 
 def test_selection_and_sweep_rows_carry_intervals(interval_stats):
@@ -148,8 +159,6 @@ def test_selection_and_sweep_rows_carry_intervals(interval_stats):
     assert rows[0]["chosen_in_resamples"] == 1.0  # the fixed default rule never changes
     for r in rows:
         assert r["redundancy2_low"] <= r["redundancy2_nats"] <= r["redundancy2_high"]
-    red = interval_stats.redundancy2([[2, 15, 27]])
-    assert float(red.estimate[0]) == pytest.approx(float(paper.redundancy2(interval_stats, [[2, 15, 27]])[0]))
     sweep = sweep_rows({"q0.2": interval_stats})
     filt = next(r for r in sweep if r["subset"] == "filtered")
     assert filt["mean_neighbour_cka_low"] <= filt["mean_neighbour_cka"] <= filt["mean_neighbour_cka_high"]
@@ -161,6 +170,3 @@ def test_selection_and_sweep_rows_carry_intervals(interval_stats):
     assert "grouped-jackknife" in paper.interval_note(interval_stats)
     ax = plots.plot_sweep(sweep, "mean_neighbour_cka", "mean CKA(i, i+1)")
     assert len(ax.containers) == 2  # whiskers on both subsets
-    curves = paper.depth_curves(interval_stats)
-    lo, hi = curves["S1_band"]
-    assert np.all(lo <= curves["S1"]) and np.all(curves["S1"] <= hi)

@@ -59,6 +59,96 @@ class BenchResult:
     settings: dict = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class BenchSettings:
+    """How :func:`run_bench` decodes and what it measures; checked when made, so a bad value fails
+    before any model work. Every field enters the cache key (as the run's ``settings``).
+
+    ``mode``: ``"chain"`` (``draft_len`` tokens), ``"tree"`` (``depth``/``top_k``/``total_tokens``,
+    EAGLE-2 dynamic tree) or ``"auto"`` (the chain length up to ``draft_len``, 0 = plain decoding,
+    and a confidence threshold chosen by :func:`wavesurf.drafter.adaptive.tune` on ``n_calibration``
+    further prompts); ``tree``: a :class:`~wavesurf.drafter.tree.TreeSpec` to decode with instead of
+    ``mode`` and the shape fields. ``methods``: a subset of :data:`METHODS` (``hf_generate``, the
+    reference of speedup and losslessness, always runs). ``split_seed``: the ShareGPT split.
+    """
+
+    n_prompts: int = 10
+    max_new_tokens: int = 128
+    mode: str = "chain"
+    draft_len: int = 4
+    depth: int = 5
+    top_k: int = 4
+    total_tokens: int = 16
+    tree: Any = None  # TreeSpec | None (drafter.tree imports torch, this module does not)
+    temperature: float = 0.0
+    seed: int = 0
+    methods: tuple[str, ...] = METHODS
+    prompt_lookup_tokens: int = 10
+    max_prompt_tokens: int = 512
+    split_seed: int = 0
+    warmup: int = 1
+    n_calibration: int = 2
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "methods", tuple(self.methods))
+        self.check()
+
+    @classmethod
+    def from_dict(cls, spec: dict[str, Any]) -> BenchSettings:
+        """From a profile's ``bench`` dict; unknown keys are refused by name."""
+        known = {f for f in cls.__dataclass_fields__}
+        bad = sorted(set(spec) - known)
+        if bad:
+            raise BenchError(f"unknown bench settings {bad}; allowed: {', '.join(sorted(known))}")
+        return cls(**spec)
+
+    @property
+    def auto(self) -> bool:
+        return self.mode == "auto"
+
+    def check(self) -> None:
+        """Refuse a bad value, naming it and what is allowed."""
+        from .drafter.generation import check_decode_settings
+
+        bad = [m for m in self.methods if m not in METHODS]
+        if bad or not self.methods:
+            raise BenchError(f"methods {bad or list(self.methods)} not allowed; choose from {', '.join(METHODS)}")
+        check_decode_settings(self.max_new_tokens, self.temperature)
+        for name in ("n_prompts", "max_prompt_tokens", "prompt_lookup_tokens"):
+            if not is_int(getattr(self, name), 1):
+                raise BenchError(f"{name}={getattr(self, name)!r} must be a positive integer")
+        if not is_int(self.warmup, 0):
+            raise BenchError(f"warmup={self.warmup!r} must be an integer >= 0 (warm-up runs per method)")
+        if self.mode not in ("chain", "tree", "auto"):
+            raise BenchError(f"mode={self.mode!r} is not one of 'chain', 'tree', 'auto'")
+        if self.auto and not is_int(self.n_calibration, 1):
+            raise BenchError(f"n_calibration={self.n_calibration!r} must be a positive integer (prompts tuned on in mode 'auto')")
+        if self.tree is not None:
+            from .drafter.tree import TreeSpec
+
+            if not isinstance(self.tree, TreeSpec):
+                raise BenchError(f"tree={self.tree!r} must be a TreeSpec (TreeSpec.chain(4), make_tree('tree', ...)) or None")
+            if self.auto:
+                raise BenchError("tree=... and mode='auto' exclude each other: 'auto' chooses a chain length up to draft_len")
+        self.shape()  # a tree that cannot be built fails here
+
+    def shape(self) -> Any:
+        """The :class:`~wavesurf.drafter.tree.TreeSpec` decoded with (mode 'auto': the longest chain tried)."""
+        from .drafter.tree import make_tree
+
+        if self.tree is not None:
+            return self.tree
+        return make_tree("chain" if self.auto else self.mode, draft_len=self.draft_len, depth=self.depth,
+                         top_k=self.top_k, total_tokens=self.total_tokens)
+
+    def run_methods(self) -> list[str]:
+        """The methods run, ``hf_generate`` first when it was not asked for."""
+        methods = list(self.methods)
+        if "hf_generate" not in methods:
+            methods.insert(0, "hf_generate")
+        return methods
+
+
 # ---------------------------------------------------------------------------------------------
 # prompts
 def bench_prompts(dataset: str, n_prompts: int, target: Any, max_prompt_tokens: int = 512,
@@ -154,71 +244,36 @@ def run_bench(
     target: Any,
     head: Any,
     dataset: str = "mt-bench",
+    settings: BenchSettings | None = None,
     *,
-    n_prompts: int = 10,
-    max_new_tokens: int = 128,
-    mode: str = "chain",
-    draft_len: int = 4,
-    depth: int = 5,
-    top_k: int = 4,
-    total_tokens: int = 16,
-    temperature: float = 0.0,
-    seed: int = 0,
-    methods: Sequence[str] = METHODS,
-    prompt_lookup_tokens: int = 10,
-    max_prompt_tokens: int = 512,
-    split_seed: int = 0,
-    warmup: int = 1,
     use_cache: bool = True,
     progress: bool = True,
     drafter_id: str | None = None,
-    n_calibration: int = 2,
-    tree: Any = None,
 ) -> BenchResult:
-    """Benchmark ``head`` on ``target`` over ``n_prompts`` prompts of ``dataset``; see the module
-    docstring for the definitions. Returns tidy rows (one per prompt x method) and a summary.
-
-    ``mode="auto"``: the chain length (up to ``draft_len``, 0 = plain decoding) and the confidence
-    threshold are chosen by :func:`wavesurf.drafter.adaptive.tune` from costs measured here and
-    ``n_calibration`` further prompts of the dataset (not benchmarked); the choice, its predicted
-    speedup and the cost model go into the summary. ``tree``: a
-    :class:`~wavesurf.drafter.tree.TreeSpec` to decode with, instead of ``mode``/``draft_len``/
-    ``depth``/``top_k``/``total_tokens``."""
+    """Benchmark ``head`` on ``target`` over ``settings.n_prompts`` prompts of ``dataset`` with the
+    decoding of ``settings`` (:class:`BenchSettings`; its defaults when None); see the module
+    docstring for the definitions. Returns tidy rows (one per prompt x method) and a summary; in
+    mode 'auto' the choice, its predicted speedup and the cost model go into the summary.
+    ``drafter_id`` names the head in the cache key (default: :func:`head_fingerprint`)."""
     import torch
     from tqdm.auto import tqdm
 
-    from .drafter.decode import DEFAULT_TIE_EPS, SpeculativeDecoder, check_decode_settings, make_tree
+    from .drafter.decode import DEFAULT_TIE_EPS, SpeculativeDecoder
 
-    methods = list(methods)
-    bad = [m for m in methods if m not in METHODS]
-    if bad or not methods:
-        raise BenchError(f"methods {bad or methods} not allowed; choose from {', '.join(METHODS)}")
-    if "hf_generate" not in methods:
-        methods.insert(0, "hf_generate")  # the reference of speedup and losslessness
-    check_decode_settings(max_new_tokens, temperature)
+    b = settings if settings is not None else BenchSettings()
+    if not isinstance(b, BenchSettings):
+        raise BenchError(f"settings={b!r} must be a BenchSettings (or None for its defaults)")
     if dataset not in BENCH_DATASETS:
         raise BenchError(f"dataset={dataset!r} is not one of {', '.join(BENCH_DATASETS)}")
-    if not is_int(n_prompts, 1):
-        raise BenchError(f"n_prompts={n_prompts!r} must be a positive integer")
-    auto = mode == "auto"
-    if auto and not is_int(n_calibration, 1):
-        raise BenchError(f"n_calibration={n_calibration!r} must be a positive integer (prompts tuned on in mode 'auto')")
-    if tree is not None:
-        from .drafter.tree import TreeSpec
-
-        if not isinstance(tree, TreeSpec):
-            raise BenchError(f"tree={tree!r} must be a TreeSpec (TreeSpec.chain(4), make_tree('tree', ...)) or None")
-        if auto:
-            raise BenchError("tree=... and mode='auto' exclude each other: 'auto' chooses a chain length up to draft_len")
-    else:
-        tree = make_tree("chain" if auto else mode, draft_len=draft_len, depth=depth, top_k=top_k,
-                         total_tokens=total_tokens)
-    settings = {
+    methods, tree, auto = b.run_methods(), b.shape(), b.auto
+    n_prompts, max_new_tokens, temperature, seed = b.n_prompts, b.max_new_tokens, b.temperature, b.seed
+    n_calibration, prompt_lookup_tokens = b.n_calibration, b.prompt_lookup_tokens
+    settings = {  # the cache key: these names and values, as they have always been written
         "model": target.name, "drafter": drafter_id or head_fingerprint(head), "dataset": dataset,
-        "split": "heldout" if dataset == "sharegpt" else None, "split_seed": split_seed, "n_prompts": n_prompts,
+        "split": "heldout" if dataset == "sharegpt" else None, "split_seed": b.split_seed, "n_prompts": n_prompts,
         "max_new_tokens": max_new_tokens, **tree.describe(), "temperature": float(temperature), "seed": seed,
-        "methods": methods, "prompt_lookup_tokens": prompt_lookup_tokens, "max_prompt_tokens": max_prompt_tokens,
-        "warmup": warmup, "tie_eps": DEFAULT_TIE_EPS, "device": target.device, "threads": torch.get_num_threads(),
+        "methods": methods, "prompt_lookup_tokens": prompt_lookup_tokens, "max_prompt_tokens": b.max_prompt_tokens,
+        "warmup": b.warmup, "tie_eps": DEFAULT_TIE_EPS, "device": target.device, "threads": torch.get_num_threads(),
         "wavesurf": __version__, "layer_ids": list(head.config.layer_ids),
         "draft_vocab_size": head.config.draft_vocab_size,
     }
@@ -231,7 +286,8 @@ def run_bench(
     if use_cache and read_manifest(path) is not None:
         return load_bench(path)
 
-    prompts = bench_prompts(dataset, n_prompts + (n_calibration if auto else 0), target, max_prompt_tokens, split_seed)
+    prompts = bench_prompts(dataset, n_prompts + (n_calibration if auto else 0), target, b.max_prompt_tokens,
+                            b.split_seed)
     adaptive: dict = {}
     decoder = None
     if "eagle3" in methods and auto:
@@ -242,12 +298,12 @@ def run_bench(
             raise BenchError(f"{dataset} has no prompts left for calibration after the {n_prompts} benchmarked ones; "
                              "use fewer --n-prompts")
         choice, costs = tune(target, head, [prompt_ids(target, p, []) for p in calibration],
-                             max_draft_len=draft_len, max_new_tokens=max_new_tokens)
+                             max_draft_len=b.draft_len, max_new_tokens=max_new_tokens)
         decoder = adaptive_decoder(target, head, choice)
         adaptive = {"choice": choice.describe(), "costs": costs.describe()}
     elif "eagle3" in methods:
         decoder = SpeculativeDecoder(target, head, tree)
-    for _ in range(warmup):  # warm-up (excluded): every method once on a short run
+    for _ in range(b.warmup):  # warm-up (excluded): every method once on a short run
         ids = prompt_ids(target, prompts[0], [])
         for m in methods:
             _run_method(m, target, decoder, ids, 8, temperature, seed, prompt_lookup_tokens)
@@ -383,5 +439,5 @@ def load_bench(path: Path) -> BenchResult:
     return BenchResult(rows, summary, manifest.get("key", path.name), path, manifest.get("settings", {}))
 
 
-__all__ = ["BENCH_DATASETS", "METHODS", "BenchError", "BenchPrompt", "BenchResult", "bench_prompts", "head_fingerprint",
+__all__ = ["BENCH_DATASETS", "METHODS", "BenchError", "BenchPrompt", "BenchResult", "BenchSettings", "bench_prompts", "head_fingerprint",
            "load_bench", "prompt_ids", "run_bench", "summarize", "untrained_head"]

@@ -18,6 +18,7 @@ import numpy as np
 
 from ._version import __version__
 from .cache import atomic_directory, write_manifest
+from .errors import CaptureError
 from .data import ROLE_ASSISTANT, Corpus, Encoded, check_corpus_target, encode_budget, make_batches
 from .models import Target, block_output_ids
 from .taps import ResidualTaps, decoder_blocks
@@ -28,7 +29,7 @@ ROLE_FILTERS = ("all", "assistant")
 def check_roles(roles: str) -> str:
     """Which tokens count for statistics: ``all`` or ``assistant``."""
     if roles not in ROLE_FILTERS:
-        raise ValueError(f"roles={roles!r} is not one of {ROLE_FILTERS}")
+        raise CaptureError(f"roles={roles!r} is not one of {ROLE_FILTERS}")
     return roles
 
 
@@ -217,7 +218,7 @@ def write_capture(
 
     torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}.get(dtype)
     if torch_dtype is None:
-        raise ValueError(f"dtype={dtype!r} is not one of float32, bfloat16, float16")
+        raise CaptureError(f"dtype={dtype!r} is not one of float32, bfloat16, float16")
     shards: list[dict[str, Any]] = []
     buffer: dict[str, list[Any]] = {}
     seq_offset = 0

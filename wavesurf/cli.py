@@ -9,6 +9,7 @@ from typing import Any
 
 from ._version import __version__
 from .assets import CORPUS_ASSETS, DEFAULT_MODEL, EMBEDDED_MODELS
+from .errors import ParameterError
 
 
 def _layer_list(text: str) -> list[int] | str:
@@ -234,7 +235,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     target = _load_target(args, device=device)
     layers = target.default_layer_ids() if args.layers == "default" else args.layers
     if layers == "all":
-        raise ValueError("--layers all: a drafter reads a few layers; give ids like 2,15,27 or 'default'")
+        raise ParameterError("--layers all: a drafter reads a few layers; give ids like 2,15,27 or 'default'")
     from .drafter.head import check_draft_layer_ids
 
     layers = check_draft_layer_ids(layers, target.n_layers)
@@ -266,7 +267,7 @@ def cmd_distill(args: argparse.Namespace) -> int:
     elif split == "none":
         split = None
     elif split not in SPLITS:
-        raise ValueError(f"--split {split!r} is not one of {', '.join(SPLITS)} or none")
+        raise ParameterError(f"--split {split!r} is not one of {', '.join(SPLITS)} or none")
     target = _load_target(args)
     corpus = distill_corpus(target, args.dataset, split, max_tokens=args.max_tokens, max_len=args.max_len,
                             max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed,
@@ -288,16 +289,14 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from .bench import METHODS, run_bench, untrained_head
-    from .drafter.decode import check_decode_settings, make_tree
+    from .bench import BenchSettings, run_bench, untrained_head
 
-    methods = [m for m in args.methods.split(",") if m]
-    bad = [m for m in methods if m not in METHODS]
-    if bad:
-        raise ValueError(f"--methods {bad} not allowed; choose from {', '.join(METHODS)}")
-    make_tree("chain" if args.mode == "auto" else args.mode, draft_len=args.draft_len, depth=args.depth, top_k=args.top_k,
-              total_tokens=args.total_tokens)
-    check_decode_settings(args.max_new_tokens, args.temperature)  # bad options fail before the model loads
+    settings = BenchSettings(  # bad options fail here, before the model loads
+        n_prompts=args.n_prompts, max_new_tokens=args.max_new_tokens, mode=args.mode, draft_len=args.draft_len,
+        depth=args.depth, top_k=args.top_k, total_tokens=args.total_tokens, temperature=args.temperature,
+        seed=args.seed, methods=tuple(m for m in args.methods.split(",") if m),
+        prompt_lookup_tokens=args.prompt_lookup_tokens, max_prompt_tokens=args.max_prompt_tokens,
+        n_calibration=args.n_calibration)
     target = _load_target(args)
     drafter_id = None
     if args.drafter == "untrained":
@@ -310,12 +309,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
         head, _ = load_head(args.drafter, target, device=target.device)
         drafter_id = file_sha256(Path(args.drafter) / HEAD_WEIGHTS)[:16]
-    result = run_bench(
-        target, head, args.dataset, n_prompts=args.n_prompts, max_new_tokens=args.max_new_tokens, mode=args.mode,
-        draft_len=args.draft_len, depth=args.depth, top_k=args.top_k, total_tokens=args.total_tokens,
-        temperature=args.temperature, seed=args.seed, methods=methods, prompt_lookup_tokens=args.prompt_lookup_tokens,
-        max_prompt_tokens=args.max_prompt_tokens, use_cache=not args.no_cache, progress=not args.quiet,
-        drafter_id=drafter_id, n_calibration=args.n_calibration)
+    result = run_bench(target, head, args.dataset, settings, use_cache=not args.no_cache, progress=not args.quiet,
+                       drafter_id=drafter_id)
     _print_json({**result.summary, "key": result.key, "results": str(result.path) if result.path else None})
     return 0
 

@@ -31,6 +31,14 @@ class LayerIdError(WavesurfError, ValueError):
     """Layer ids are out of range or duplicated."""
 
 
+class DeviceError(WavesurfError, ValueError):
+    """A device or dtype this machine (or wavesurf on it) cannot run."""
+
+
+class CaptureError(WavesurfError, ValueError):
+    """Bad capture settings: which tokens count (roles), the dtype of written states."""
+
+
 class StatsError(WavesurfError, ValueError):
     """Bad input to the statistics core (non-finite values, bad alpha, mismatched accumulators)."""
 
@@ -72,7 +80,7 @@ class ReproduceError(WavesurfError):
 
 
 class ParameterError(WavesurfError, ValueError):
-    """A notebook parameter of the wrong type or value."""
+    """A notebook parameter or command-line option of the wrong type or value."""
 
 
 class DistributedError(WavesurfError, RuntimeError):

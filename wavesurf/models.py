@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from .assets import DEFAULT_MODEL, EMBEDDED_MODELS, ensure_dequantized
-from .errors import LayerIdError, ModelNotAvailableError, UnknownModelError
+from .errors import DeviceError, LayerIdError, ModelNotAvailableError, UnknownModelError
 
 log = logging.getLogger(__name__)
 
@@ -39,9 +39,9 @@ def pick_device(device: str = "auto") -> str:
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     if device.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(f"device={device!r} was asked for but CUDA is not available; use 'cpu' or 'auto'")
+        raise DeviceError(f"device={device!r} was asked for but CUDA is not available; use 'cpu' or 'auto'")
     if device not in ("cpu", "mps") and not device.startswith("cuda"):
-        raise ValueError(f"device={device!r} is not one of 'auto', 'cpu', 'cuda', 'cuda:N', 'mps'")
+        raise DeviceError(f"device={device!r} is not one of 'auto', 'cpu', 'cuda', 'cuda:N', 'mps'")
     return device
 
 
@@ -141,9 +141,9 @@ def _resolve_dtype(dtype: str | None, device: str):
     if dtype is None:
         return torch.float32
     if dtype not in names:
-        raise ValueError(f"dtype={dtype!r} is not one of {sorted(names)}")
+        raise DeviceError(f"dtype={dtype!r} is not one of {sorted(names)}")
     if device == "cpu" and names[dtype] != torch.float32:
-        raise ValueError(f"dtype={dtype!r} is only supported on GPU; on CPU wavesurf runs float32")
+        raise DeviceError(f"dtype={dtype!r} is only supported on GPU; on CPU wavesurf runs float32")
     return names[dtype]
 
 

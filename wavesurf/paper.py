@@ -1,12 +1,14 @@
-"""What the paper-companion notebooks share beyond the statistics themselves: closed-form scores
-over layer sets, intervals in prose, the speed-table run at a profile's budgets (the selection and
-filter-sweep tables live in :mod:`wavesurf.select`).
-The profile's analysis variants and the cached-results lookup live in :mod:`wavesurf.stats.variants`;
-parameter checks and the first cell in :mod:`wavesurf.notebook`.
+"""What the paper-companion notebooks share beyond the statistics themselves: ranks, ids and
+intervals in prose, the tidy CSV writer, the speed-table run at a profile's budgets.
+
+The statistics own their results: set scores, pair matrices and depth curves are
+:class:`~wavesurf.stats.analysis.LayerStats` methods; the profile's analysis variants and the
+cached-results lookup live in :mod:`wavesurf.stats.variants`; the selection, filter-sweep and
+cross-model tables in :mod:`wavesurf.select`; parameter checks and the first cell in
+:mod:`wavesurf.notebook`.
 """
 from __future__ import annotations
 
-import itertools
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -20,51 +22,6 @@ from .stats.variants import profile_stats
 
 
 # ---------------------------------------------------------------------------------------------
-def all_subsets(layer_ids: Sequence[int], k: int) -> np.ndarray:
-    """Every k-subset of ``layer_ids`` as an ``[m, k]`` int64 array (sorted rows)."""
-    return np.array(list(itertools.combinations(sorted(layer_ids), k)), dtype=np.int64).reshape(-1, k)
-
-
-def aggregate_entropy2(stats: Any, subsets: Any) -> np.ndarray:
-    """Alpha=2 aggregate entropy (nats) of layer-id subsets (rows), exact closed form."""
-    from .stats.entropy import aggregate_entropy2_closed_form
-
-    return aggregate_entropy2_closed_form(stats.purity, stats.cka, _positions(stats, subsets))
-
-
-def redundancy2(stats: Any, subsets: Any) -> np.ndarray:
-    """Alpha=2 redundancy (nats, >= 0) of layer-id subsets: the block-diagonal alpha=2 entropy
-    minus the joint one, i.e. ``log(sum P + sum_{a!=b} CKA sqrt(P P)) - log(sum P)``."""
-    from .stats.entropy import redundancy2_closed_form
-
-    return redundancy2_closed_form(stats.purity, stats.cka, _positions(stats, subsets))
-
-
-def pair_matrix(stats: Any, fn: Any = None) -> np.ndarray:
-    """``[L, L]`` matrix of a set score over layer pairs (default: alpha=2 aggregate entropy); the
-    diagonal holds the single layer's score."""
-    fn = fn or aggregate_entropy2
-    ids = list(stats.layer_ids)
-    L = len(ids)
-    pairs = np.array([[a, b] for a in ids for b in ids], dtype=np.int64)
-    vals = np.empty(len(pairs))
-    diag = pairs[:, 0] == pairs[:, 1]
-    vals[diag] = fn(stats, pairs[diag][:, :1])
-    vals[~diag] = fn(stats, pairs[~diag])
-    return vals.reshape(L, L)
-
-
-def _positions(stats: Any, subsets: Any) -> np.ndarray:
-    pos = {lid: k for k, lid in enumerate(stats.layer_ids)}
-    sub = np.asarray(subsets, dtype=np.int64)
-    if sub.ndim == 1:
-        sub = sub[None, :]
-    try:
-        return np.vectorize(pos.__getitem__, otypes=[np.int64])(sub)
-    except KeyError as exc:
-        raise WavesurfError(f"layer id {exc.args[0]} is not in the statistics (ids {stats.layer_ids})") from None
-
-
 def rank_of(values: np.ndarray, value: float) -> tuple[int, float]:
     """(1-based rank of ``value`` among ``values``, descending; fraction of values strictly above)."""
     above = int(np.sum(values > value + 1e-12))
@@ -134,27 +91,9 @@ def interval_note(stats: Any) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
-_MODEL_FIELDS = ("model", "source", "n_layers", "hidden_size", "dtype", "wavesurf", "format")
-
-
 def fmt_ids(ids: Iterable[int]) -> str:
     """``[2, 15, 27]`` as prose text."""
     return "[" + ", ".join(str(int(i)) for i in ids) + "]"
-
-
-def depth_curves(stats: Any) -> dict[str, np.ndarray]:
-    """Per-layer matrix entropy of the main subset: alpha 1 and 2, in nats and normalised by the
-    maximum ``log min(n - 1, d)``; with resampling replicates also ``<key>_band`` = (low, high)."""
-    from .stats.entropy import max_entropy
-
-    top = max_entropy(int(stats.main.n_tokens), int(stats.meta["hidden_size"]))
-    out = {"S1": np.asarray(stats.entropy), "S2": np.asarray(stats.entropy2),
-           "S1_norm": np.asarray(stats.entropy) / top, "S2_norm": np.asarray(stats.entropy2) / top}
-    if getattr(stats, "has_intervals", False):  # "<key>_band": (low, high) of the 95% interval
-        j1, j2 = stats.interval("entropy"), stats.interval("entropy2")
-        out.update(S1_band=(j1.low, j1.high), S2_band=(j2.low, j2.high),
-                   S1_norm_band=(j1.low / top, j1.high / top), S2_norm_band=(j2.low / top, j2.high / top))
-    return out
 
 
 def profile_speed_table(target: Any, params: NotebookParams, k: int = 3, progress: bool = True) -> tuple[list, Any, Any]:

@@ -21,7 +21,7 @@ import numpy as np
 from .errors import SelectionError, is_int
 from .models import block_output_ids, check_layer_ids, default_layer_ids
 from .stats.compartments import compartments
-from .stats.entropy import aggregate_entropy2_closed_form, redundancy2_closed_form
+from .stats.entropy import aggregate_entropy2_closed_form
 
 #: Above this many k-subsets, exhaustive methods switch to greedy forward selection.
 EXHAUSTIVE_LIMIT = 2_000_000
@@ -60,6 +60,11 @@ class Selection:
 
 
 # ---------------------------------------------------------------------------------------------
+def all_subsets(layer_ids: Iterable[int], k: int) -> np.ndarray:
+    """Every k-subset of ``layer_ids`` as an ``[m, k]`` int64 array (sorted rows, lexicographic)."""
+    return np.array(list(itertools.combinations(sorted(layer_ids), k)), dtype=np.int64).reshape(-1, k)
+
+
 def check_k(k: Any, n_layers: int) -> int:
     """k layers out of the N+1 layer ids 0..N."""
     if not is_int(k, 1, n_layers + 1):
@@ -264,12 +269,6 @@ def selection_recurrence(stats: Any, k: int = 3, method: str = "combined", **opt
 # ---------------------------------------------------------------------------------------------
 # the tables the selection and filtering pages show (tidy rows; lists of ids are written to CSV
 # space-joined by wavesurf.cache.write_rows_csv)
-def _redundancy2(stats: Any, layer_ids: Sequence[int]) -> float:
-    """Alpha=2 redundancy (nats) of one set of layer ids."""
-    pos = {lid: k for k, lid in enumerate(stats.layer_ids)}
-    return float(redundancy2_closed_form(stats.purity, stats.cka, [[pos[int(i)] for i in layer_ids]])[0])
-
-
 def selection_rows(stats: Any, k: int = 3, methods: Sequence[str] | None = None, **options: Any) -> list[dict[str, Any]]:
     """One tidy row per method: ids (vLLM and SGLang), scores, reason, and how it compares with
     the default rule (alpha=2 aggregate entropy and mean pairwise CKA difference)."""
@@ -288,7 +287,7 @@ def selection_rows(stats: Any, k: int = 3, methods: Sequence[str] | None = None,
             "mean_entropy_nats": s["mean_entropy_nats"], "mean_pairwise_cka": s["mean_pairwise_cka"],
             "aggregate_entropy2_nats": s["aggregate_entropy2_nats"],
             "aggregate_entropy1_nats": s.get("aggregate_entropy1_nats", ""),
-            "redundancy2_nats": round(float(_redundancy2(stats, sel.layer_ids)), 4),
+            "redundancy2_nats": round(float(stats.redundancy2([sel.layer_ids])[0]), 4),
             "same_as_default": default is not None and sel.layer_ids == default.layer_ids,
             "reason": sel.reason,
         }
@@ -300,7 +299,7 @@ def selection_rows(stats: Any, k: int = 3, methods: Sequence[str] | None = None,
                 row["delta_aggregate_entropy2_low"] = round(float(jk.low), 4)
                 row["delta_aggregate_entropy2_high"] = round(float(jk.high), 4)
         if has_iv:
-            rj = stats.redundancy2([sel.layer_ids])
+            rj = stats.redundancy2_interval([sel.layer_ids])
             row["redundancy2_low"], row["redundancy2_high"] = round(float(rj.low[0]), 4), round(float(rj.high[0]), 4)
         if has_iv:  # how often the same set is chosen with one group of conversations left out
             row["chosen_in_resamples"] = round(float(selection_recurrence(stats, k, m, **options.get(m, {}))), 4)
@@ -353,3 +352,22 @@ def sweep_rows(stats_by_variant: dict[str, Any], method: str = "combined", k: in
 #: Columns of :func:`sweep_rows` and the LayerStats quantities they average over layers.
 _SWEEP_METRICS = {"mean_entropy_nats": "mean_entropy", "mean_normalized_entropy": "mean_normalized_entropy",
                   "mean_neighbour_cka": "mean_cka_next", "mean_cka_to_last": "mean_cka_to_last"}
+
+
+def cross_model_rows(bases: dict[str, Any], selections: dict[str, Any],
+                     methods: Sequence[str] = ("default", "aggregate", "combined"), k: int = 3) -> list[dict[str, Any]]:
+    """One row per model (sorted by name) of the across-models table: its compartments without a
+    filter (from ``bases``) and the set each of ``methods`` selects from its filtered statistics
+    (``selections``; the unfiltered ones where a model has none), in vLLM ids and as relative
+    depth id / N."""
+    rows = []
+    for m in sorted(bases):
+        s = selections.get(m, bases[m])
+        row: dict[str, Any] = {"model": m, "N": s.n_layers,
+                               "compartments (no filter)": " ".join(f"{a}-{b}" for a, b in bases[m].compartments)}
+        for method in methods:
+            ids = select_layers(s, k=k, method=method).layer_ids
+            row[method] = ("[" + ", ".join(str(int(i)) for i in ids) + "] → ["
+                           + ", ".join(f"{i / s.n_layers:.2f}" for i in ids) + "]")
+        rows.append(row)
+    return rows

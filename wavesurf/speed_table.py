@@ -14,11 +14,12 @@ Identical sets are trained once and reported under every name that chose them.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
+from .bench import BenchSettings
 from .errors import WavesurfError, is_int
 from .models import default_layer_ids, to_sglang
 from .select import check_k, select_layers
@@ -118,8 +119,9 @@ class SpeedTableSettings:
     :class:`~wavesurf.drafter.train.TrainSettings` fields, identical for every set (only ``seed``
     varies over ``seeds``); ``acceptance``: ``draft_len`` (the chain length the table reports),
     ``max_draft_len`` (lengths scored), ``n_boot`` and ``level`` of the bootstrap intervals;
-    ``bench``: keyword arguments of :func:`wavesurf.bench.run_bench` for the timed runs of the default
-    set, the best selected set and the best control on each of ``datasets``; ``curve_fractions``:
+    ``bench``: the :class:`~wavesurf.bench.BenchSettings` of the timed runs of the default set, the
+    best selected set and the best control on each of ``datasets`` (a profile gives its fields as a
+    dict; the runs time ``hf_generate`` and ``eagle3`` only); ``curve_fractions``:
     fractions of the training budget at which the default and the best set are trained again.
     """
 
@@ -129,7 +131,8 @@ class SpeedTableSettings:
     train: dict = field(default_factory=lambda: {"train_tokens": 60_000, "ttt_steps": 4, "draft_vocab_size": 8192})
     acceptance: dict = field(default_factory=lambda: {"draft_len": 4, "max_draft_len": 6, "n_boot": 2000,
                                                       "level": 0.95})
-    bench: dict = field(default_factory=lambda: {"n_prompts": 3, "max_new_tokens": 64, "mode": "auto", "draft_len": 4})
+    bench: BenchSettings = field(default_factory=lambda: BenchSettings(n_prompts=3, max_new_tokens=64, mode="auto",
+                                                                     draft_len=4))
     datasets: tuple[str, ...] = ("mt-bench", "humaneval", "sharegpt")
     seeds: tuple[int, ...] = (0, 1)
     curve_fractions: tuple[float, ...] = (0.25, 0.5)
@@ -145,6 +148,12 @@ class SpeedTableSettings:
         out = cls(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in drafter.items()})
         out.check()
         return out
+
+    def __post_init__(self) -> None:
+        if isinstance(self.bench, dict):  # a profile's plain-data form
+            self.bench = BenchSettings.from_dict(self.bench)
+        if not isinstance(self.bench, BenchSettings):
+            raise WavesurfError(f"bench={self.bench!r} must be a BenchSettings or a dict of its fields")
 
     def check(self) -> None:
         if not self.seeds:
@@ -407,11 +416,12 @@ def _timed_rows(target: Any, chosen: Sequence[tuple[str, LayerSet, str]], settin
     from .bench import run_bench
     from .drafter.head import load_head
 
+    timed = replace(settings.bench, methods=("hf_generate", "eagle3"))
     rows = []
     for label, s, out_dir in chosen:
         head, _ = load_head(out_dir, target)
         for ds in settings.datasets:
-            run = run_bench(target, head, ds, methods=["hf_generate", "eagle3"], progress=progress, **settings.bench)
+            run = run_bench(target, head, ds, timed, progress=progress)
             spec, ref = run.summary["methods"]["eagle3"], run.summary["methods"]["hf_generate"]
             lossless = str(spec.get("lossless", ""))
             same, _, total = lossless.partition("/")

@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from wavesurf.bench import BenchError, bench_prompts, prompt_ids, run_bench, untrained_head
+from wavesurf.bench import BenchError, BenchSettings, bench_prompts, prompt_ids, run_bench, untrained_head
 from wavesurf.drafter.adaptive import (
     CostModel, adaptive_decoder, calibration_cycles, choose_setting, measure_costs, tune,
 )
@@ -94,13 +94,15 @@ def test_decoder_refusals_before_model_work(smollm):
     with pytest.raises(DecodeError, match="max draft_len 4"):
         costs(model=smollm.name).check_fits(smollm, 6)
     with pytest.raises(BenchError, match="n_calibration"):
-        run_bench(smollm, head, "mt-bench", n_prompts=1, mode="auto", n_calibration=0, use_cache=False)
-    with pytest.raises(DecodeError, match="mode"):
-        run_bench(smollm, head, "mt-bench", n_prompts=1, mode="adaptive", use_cache=False)
+        BenchSettings(n_prompts=1, mode="auto", n_calibration=0)
+    with pytest.raises(BenchError, match="mode='adaptive' is not one of 'chain', 'tree', 'auto'"):
+        BenchSettings(n_prompts=1, mode="adaptive")
     with pytest.raises(BenchError, match="exclude each other"):
-        run_bench(smollm, head, "mt-bench", n_prompts=1, mode="auto", tree=TreeSpec.chain(2), use_cache=False)
+        BenchSettings(n_prompts=1, mode="auto", tree=TreeSpec.chain(2))
     with pytest.raises(BenchError, match="must be a TreeSpec"):
-        run_bench(smollm, head, "mt-bench", n_prompts=1, tree="chain", use_cache=False)
+        BenchSettings(n_prompts=1, tree="chain")
+    with pytest.raises(DecodeError, match="total_tokens=3 is smaller than depth=5"):
+        BenchSettings(mode="tree", depth=5, total_tokens=3)
 
 
 @pytest.fixture(scope="module")
@@ -175,8 +177,9 @@ def test_packed_shapes_are_chosen_by_measurement_and_bad_settings_refused(smollm
 def test_bench_auto_runs_an_untrained_head_as_plain_decoding(smollm):
     """A head that accepts nothing is not worth drafting with: auto mode measures the costs, replays
     the calibration prompt, chooses plain decoding, and stays lossless."""
-    run = run_bench(smollm, untrained_head(smollm), "mt-bench", n_prompts=1, max_new_tokens=12, mode="auto",
-                    draft_len=2, n_calibration=1, methods=["hf_generate", "eagle3"], use_cache=False, progress=False)
+    settings = BenchSettings(n_prompts=1, max_new_tokens=12, mode="auto", draft_len=2, n_calibration=1,
+                             methods=["hf_generate", "eagle3"])
+    run = run_bench(smollm, untrained_head(smollm), "mt-bench", settings, use_cache=False, progress=False)
     choice, measured = run.summary["adaptive"]["choice"], run.summary["adaptive"]["costs"]
     assert choice["draft_len"] == 0  # plain decoding runs at our plain loop's measured speed
     assert choice["predicted_speedup"] == pytest.approx(measured["hf_token_seconds"] / measured["plain_token_seconds"],
@@ -189,9 +192,10 @@ def test_bench_auto_runs_an_untrained_head_as_plain_decoding(smollm):
 
 def test_bench_takes_a_tree_spec_as_the_shape_options_would_give_it(smollm):
     head = untrained_head(smollm)
-    common = dict(n_prompts=1, max_new_tokens=4, methods=["hf_generate", "eagle3"], use_cache=False,
-                  progress=False, warmup=0)
-    by_spec = run_bench(smollm, head, "mt-bench", tree=TreeSpec.chain(2), **common)
-    by_options = run_bench(smollm, head, "mt-bench", mode="chain", draft_len=2, **common)
+    common = dict(n_prompts=1, max_new_tokens=4, methods=["hf_generate", "eagle3"], warmup=0)
+    by_spec = run_bench(smollm, head, "mt-bench", BenchSettings(tree=TreeSpec.chain(2), **common), use_cache=False,
+                        progress=False)
+    by_options = run_bench(smollm, head, "mt-bench", BenchSettings(mode="chain", draft_len=2, **common),
+                           use_cache=False, progress=False)
     assert by_spec.summary["settings"] == by_options.summary["settings"]
     assert by_spec.summary["methods"]["eagle3"]["lossless"] == "1/1"

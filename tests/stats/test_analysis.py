@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from wavesurf.capture import CaptureBatch
-from wavesurf.errors import StatsError
+from wavesurf.errors import StatsError, WavesurfError
+from wavesurf.select import all_subsets
 from wavesurf.stats.analysis import AnalysisSettings, _Accumulator, analysis_key, analyze_batches, load_stats
 from wavesurf.stats.filtering import FilterError
 
@@ -183,6 +184,33 @@ def test_leave_one_group_out_values_equal_bruteforce_on_real_states(small_batche
     assert row["entropy_nats_low"] < row["entropy_nats"] < row["entropy_nats_high"]
 
 
+def test_set_scores_match_exact_entropies(small_stats):
+    """alpha=2 aggregate entropy and redundancy from purities + CKA equal the eigenvalue versions."""
+    sets = [[2, 15, 27], [1, 2], [5, 20, 29, 30]]
+    for s in sets:
+        assert small_stats.aggregate_entropy2([s])[0] == pytest.approx(small_stats.aggregate_entropy(s, alpha=2.0), abs=1e-5)
+        assert small_stats.redundancy2([s])[0] == pytest.approx(small_stats.redundancy(s, alpha=2.0), abs=1e-5)
+    assert small_stats.aggregate_entropy2([2, 15, 27]) == pytest.approx(small_stats.aggregate_entropy2([[2, 15, 27]]))
+    m = small_stats.pair_matrix()
+    assert m.shape == (31, 31) and np.allclose(m, m.T)
+    assert np.allclose(np.diag(m), small_stats.entropy2, atol=1e-8)  # a single layer: its own S2
+    assert np.all(small_stats.redundancy2(all_subsets(range(1, 31), 2)) >= -1e-9)
+    with pytest.raises(WavesurfError, match="layer id 99"):
+        small_stats.aggregate_entropy2([[1, 99]])
+    pc = small_stats.pair_cka([2, 15, 27])
+    assert list(pc) == [(2, 15), (2, 27), (15, 27)] and pc[(2, 15)] == small_stats.cka[2, 15]
+
+
+def test_depth_curves(small_stats, interval_stats):
+    curves = small_stats.depth_curves()
+    top = math.log(min(small_stats.n_tokens - 1, small_stats.meta["hidden_size"]))
+    assert np.allclose(curves["S1_norm"] * top, small_stats.entropy) and np.array_equal(curves["S2"], small_stats.entropy2)
+    assert "S1_band" not in curves or small_stats.has_intervals
+    curves = interval_stats.depth_curves()
+    lo, hi = curves["S1_band"]
+    assert np.all(lo <= curves["S1"]) and np.all(curves["S1"] <= hi)
+
+
 def test_intervals_on_filtered_and_control_subsets(interval_stats):
     stats = interval_stats
     assert stats.has_intervals and stats.control.replicates is not None
@@ -191,8 +219,11 @@ def test_intervals_on_filtered_and_control_subsets(interval_stats):
     e0 = stats.interval("mean_normalized_entropy", subset="control").estimate
     assert float(diff.estimate) == pytest.approx(float(e1 - e0))
     assert float(diff.low) < float(diff.estimate) < float(diff.high)
-    agg = stats.aggregate_entropy2([[2, 15, 27], [1, 2, 3]])
+    agg = stats.aggregate_entropy2_interval([[2, 15, 27], [1, 2, 3]])
     assert np.all(agg.low < agg.estimate) and np.all(agg.estimate < agg.high)
+    assert np.array_equal(agg.estimate, stats.aggregate_entropy2([[2, 15, 27], [1, 2, 3]]))
+    red = stats.redundancy2_interval([[2, 15, 27]])
+    assert float(red.estimate[0]) == pytest.approx(float(stats.redundancy2([[2, 15, 27]])[0]))
     d = stats.aggregate_entropy2_difference([2, 15, 27], [1, 2, 3])
     assert float(d.estimate) == pytest.approx(float(agg.estimate[0] - agg.estimate[1]))
 

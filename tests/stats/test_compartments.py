@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from wavesurf.errors import StatsError
-from wavesurf.stats import compartment_costs, compartment_stability, compartments, mean_silhouette
+from wavesurf.stats import (compartment_costs, compartment_label, compartment_of, compartment_stability, compartments,
+                            mean_silhouette)
 
 
 def block_cka(sizes, within=0.9, between=0.2, noise=0.03, seed=0) -> np.ndarray:
@@ -105,3 +106,11 @@ def test_bad_input():
         compartments(np.full((3, 3), np.nan))
     with pytest.raises(StatsError, match="n_blocks"):
         compartments(np.ones((3, 3)), n_blocks=4)
+
+
+def test_compartment_of_a_layer_id():
+    blocks = [(0, 3), (4, 10), (11, 15)]
+    assert [compartment_of(i, blocks) for i in (0, 3, 4, 15)] == [0, 0, 1, 2]
+    assert [compartment_label(i, blocks) for i in (2, 8, 13)] == ["C1", "C2", "C3"]
+    with pytest.raises(StatsError, match="layer id 16 is in none"):
+        compartment_of(16, blocks)

@@ -11,7 +11,8 @@ from typing import Any
 
 from .._lazy import lazy_getattr
 
-from .compartments import compartment_costs, compartment_stability, compartments, mean_silhouette
+from .compartments import (compartment_costs, compartment_label, compartment_of, compartment_stability,
+                           compartments, mean_silhouette)
 
 _PUBLIC = {
     **dict.fromkeys(["DEFAULT_MEMORY_BUDGET", "MinibatchCKA", "TokenShuffler", "choose_cka_estimator", "cka_to_last",
@@ -31,4 +32,6 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_PUBLIC))
 
 
-__all__ = sorted([*_PUBLIC, "compartment_costs", "compartment_stability", "compartments", "mean_silhouette"])
+__all__ = ["compartment_costs", "compartment_label", "compartment_of", "compartment_stability", "compartments",
+           "mean_silhouette"]
+__all__ += sorted(_PUBLIC)  # the lazily imported names

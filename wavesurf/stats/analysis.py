@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -30,7 +30,8 @@ from ..errors import StatsError, WavesurfError
 from .cka import DEFAULT_MEMORY_BUDGET, MinibatchCKA, TokenShuffler, choose_cka_estimator, cka_to_last, linear_cka_from_moments, neighbour_cka
 from .compartments import compartment_stability, compartments
 from .entropy import aggregate_entropy as _aggregate_entropy
-from .entropy import effective_rank, max_entropy, purity, redundancy as _redundancy, renyi_entropy
+from .entropy import aggregate_entropy2_closed_form, effective_rank, max_entropy, purity, redundancy as _redundancy
+from .entropy import redundancy2_closed_form, renyi_entropy
 from .filtering import FilterError, FilterState, TokenFilter
 from .moments import LayerMoments, gather_layer_rows, l2_normalize_rows_
 from .resampling import (DEFAULT_GROUPS, DEFAULT_LEVEL, REPLICATED, GroupAssigner, GroupedLayerMoments, Jackknife,
@@ -253,12 +254,56 @@ class LayerStats:
         e0, r0 = values_and_replicates(self._subset("control"), quantity)
         return jackknife(e1 - e0, r1 - r0, level=level)
 
-    def aggregate_entropy2(self, layer_sets: Sequence[Sequence[int]], level: float = DEFAULT_LEVEL) -> Jackknife:
-        """Alpha=2 aggregate entropy (nats) of layer-id sets ``[m, k]``, with intervals."""
+    # ------------------------------------------------------------------ scores of layer sets
+    def aggregate_entropy2(self, layer_sets: Any) -> np.ndarray:
+        """Alpha=2 aggregate entropy (nats) of layer-id sets (rows of ``[m, k]``; one list is one
+        set), ``[m]``: the exact closed form from purities and CKA (book: methods-closed-form)."""
+        return aggregate_entropy2_closed_form(self.purity, self.cka, self._positions(layer_sets))
+
+    def redundancy2(self, layer_sets: Any) -> np.ndarray:
+        """Alpha=2 redundancy (nats, >= 0) of layer-id sets, ``[m]``: the block-diagonal alpha=2
+        entropy minus the joint one, ``log(sum P + sum_{a!=b} CKA sqrt(P P)) - log(sum P)``."""
+        return redundancy2_closed_form(self.purity, self.cka, self._positions(layer_sets))
+
+    def pair_matrix(self, score: Callable[[Any], np.ndarray] | None = None) -> np.ndarray:
+        """``[L, L]`` matrix of a set score over layer pairs (default :meth:`aggregate_entropy2`);
+        the diagonal holds the single layer's score."""
+        score = score or self.aggregate_entropy2
+        ids = list(self.layer_ids)
+        L = len(ids)
+        pairs = np.array([[a, b] for a in ids for b in ids], dtype=np.int64)
+        vals = np.empty(len(pairs))
+        diag = pairs[:, 0] == pairs[:, 1]
+        vals[diag] = score(pairs[diag][:, :1])
+        vals[~diag] = score(pairs[~diag])
+        return vals.reshape(L, L)
+
+    def pair_cka(self, layer_ids: Sequence[int]) -> dict[tuple[int, int], float]:
+        """Linear CKA of every pair ``(a, b)``, a before b in ``layer_ids`` (main subset)."""
+        ids = [int(i) for i in layer_ids]
+        pos = self._positions([ids])[0]
+        return {(ids[i], ids[j]): float(self.cka[pos[i], pos[j]])
+                for i in range(len(ids)) for j in range(i + 1, len(ids))}
+
+    def depth_curves(self) -> dict[str, Any]:
+        """Per-layer matrix entropy of the main subset: ``S1``/``S2`` (alpha 1 and 2, nats) and
+        ``S1_norm``/``S2_norm`` divided by the maximum ``log min(n - 1, d)`` (book:
+        methods-entropy); with resampling replicates also ``<key>_band`` = (low, high) of the 95% interval."""
+        top = max_entropy(int(self.main.n_tokens), int(self.meta["hidden_size"]))
+        out: dict[str, Any] = {"S1": np.asarray(self.entropy), "S2": np.asarray(self.entropy2),
+                               "S1_norm": np.asarray(self.entropy) / top, "S2_norm": np.asarray(self.entropy2) / top}
+        if self.has_intervals:
+            j1, j2 = self.interval("entropy"), self.interval("entropy2")
+            out.update(S1_band=(j1.low, j1.high), S2_band=(j2.low, j2.high),
+                       S1_norm_band=(j1.low / top, j1.high / top), S2_norm_band=(j2.low / top, j2.high / top))
+        return out
+
+    def aggregate_entropy2_interval(self, layer_sets: Any, level: float = DEFAULT_LEVEL) -> Jackknife:
+        """:meth:`aggregate_entropy2` with grouped-jackknife intervals (needs resampling replicates)."""
         return jackknife(*aggregate_entropy2_replicates(self.main, self._positions(layer_sets)), level=level)
 
-    def redundancy2(self, layer_sets: Sequence[Sequence[int]], level: float = DEFAULT_LEVEL) -> Jackknife:
-        """Alpha=2 redundancy (nats) of layer-id sets ``[m, k]``, with intervals."""
+    def redundancy2_interval(self, layer_sets: Any, level: float = DEFAULT_LEVEL) -> Jackknife:
+        """:meth:`redundancy2` with grouped-jackknife intervals (needs resampling replicates)."""
         return jackknife(*redundancy2_replicates(self.main, self._positions(layer_sets)), level=level)
 
     def aggregate_entropy2_difference(self, layer_ids: Sequence[int], reference_ids: Sequence[int],
@@ -267,10 +312,14 @@ class LayerStats:
         est, reps = aggregate_entropy2_replicates(self.main, self._positions([list(layer_ids), list(reference_ids)]))
         return jackknife(est[0] - est[1], reps[:, 0] - reps[:, 1], level=level)
 
-    def _positions(self, layer_sets: Sequence[Sequence[int]]) -> np.ndarray:
+    def _positions(self, layer_sets: Any) -> np.ndarray:
+        """``[m, k]`` positions into the layer arrays of layer-id sets (a 1-D list is one set)."""
+        sets = np.asarray(layer_sets, dtype=np.int64)
+        if sets.ndim == 1:
+            sets = sets[None, :]
         pos = {lid: k for k, lid in enumerate(self.layer_ids)}
         try:
-            return np.array([[pos[int(i)] for i in s] for s in layer_sets], dtype=np.int64)
+            return np.array([[pos[int(i)] for i in row] for row in sets], dtype=np.int64).reshape(sets.shape)
         except KeyError as exc:
             raise WavesurfError(f"layer id {exc.args[0]} is not in the statistics (ids {self.layer_ids})") from None
 

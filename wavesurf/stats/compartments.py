@@ -109,6 +109,20 @@ def compartments(cka: Any, n_blocks: int | None = None, max_blocks: int = 8) -> 
     return segs[best + 1]
 
 
+def compartment_of(layer_id: int, blocks: Sequence[tuple[int, int]]) -> int:
+    """0-based index of the compartment of ``blocks`` (inclusive ``(first, last)`` ranges, as
+    :func:`compartments` returns them) that holds ``layer_id``."""
+    for k, (lo, hi) in enumerate(blocks):
+        if int(lo) <= int(layer_id) <= int(hi):
+            return k
+    raise StatsError(f"layer id {layer_id!r} is in none of the compartments {list(blocks)}")
+
+
+def compartment_label(layer_id: int, blocks: Sequence[tuple[int, int]]) -> str:
+    """``"C2"``: the book's name of the compartment holding ``layer_id`` (C1 starts at depth 0)."""
+    return f"C{compartment_of(layer_id, blocks) + 1}"
+
+
 def mean_silhouette(cka: Any, seg: Sequence[tuple[int, int]]) -> float:
     """Mean silhouette (in [-1, 1]) of a segmentation under ``1 - CKA``; one-layer blocks score 0."""
     return _silhouette(_dissimilarity(cka), seg)
