@@ -229,7 +229,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         ttt_steps=args.ttt_steps, lr=args.lr, warmup_steps=args.warmup_steps, schedule=args.schedule,
         batch_tokens=args.batch_tokens, max_steps=args.steps, train_tokens=args.train_tokens, seed=args.seed,
         draft_vocab_size=args.draft_vocab, vocab_tokens=args.vocab_tokens, checkpoint_every=args.checkpoint_every,
-        log_every=args.log_every, init_lm_head=args.init_lm_head, input_norm=args.input_norm)
+        log_every=args.log_every, init_lm_head=args.init_lm_head, input_norm=args.input_norm,
+        init_attention=args.init_attention, frozen=tuple(args.freeze))
     settings.check()  # bad options fail before the model loads
     device = _process_device(args.device)
     target = _load_target(args, device=device)
@@ -553,6 +554,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--init-lm-head", choices=["random", "target"], default="random",
                    help="start lm_head and its norm from the target's unembedding rows of the draft vocabulary "
                         "(default random)")
+    p.add_argument("--init-attention", choices=["random", "induction"], default="random",
+                   help="induction: start fc and attention as a copy head (wavesurf.drafter.induction); "
+                        "pair it with --init-lm-head target (default random)")
+    p.add_argument("--freeze", nargs="*", choices=["fc", "attention"], default=[],
+                   help="parts of the head kept at their initial weights while the rest trains (default none)")
     p.add_argument("--input-norm", choices=["none", "rms"], default="none",
                    help="rms: divide each target stream by its RMS before the fusion layer; such heads cannot be "
                         "exported to vLLM/SGLang (default none)")

@@ -34,6 +34,9 @@ from .tree import TreeSpec
 
 #: thresholds on the drafted path's probability tried by :func:`choose_setting`
 DEFAULT_THRESHOLDS = (0.0, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
+#: how much faster (a fraction of plain decoding's seconds per token) a drafting setting must be predicted
+#: to be chosen over plain decoding: larger than the timing noise of two separately measured costs
+MIN_GAIN = 0.02
 
 
 @dataclass(frozen=True)
@@ -183,10 +186,13 @@ def _replay(cycles: Sequence[tuple[Sequence[float], int]], draft_len: int, min_c
 
 
 def choose_setting(cycles: Sequence[tuple[Sequence[float], int]], costs: CostModel, max_draft_len: int,
-                   thresholds: Sequence[float] = DEFAULT_THRESHOLDS) -> AdaptiveSetting:
+                   thresholds: Sequence[float] = DEFAULT_THRESHOLDS, min_gain: float = MIN_GAIN) -> AdaptiveSetting:
     """The (draft length, threshold) with the fewest seconds per token over the calibration
     ``cycles`` ((cumulative draft log-probs of a chain of at least ``max_draft_len`` tokens, accepted
-    count) each), or plain decoding when nothing beats it."""
+    count) each), or plain decoding unless a setting is predicted at least ``min_gain`` (a
+    fraction) faster. The margin matters: a head that drafts nothing costs a one-token verify plus
+    a draft step per token, which equals plain decoding up to timing noise, since the two are
+    measured separately."""
     if not cycles:
         raise DecodeError("no calibration cycles: run the decoder on at least one calibration prompt")
     if not is_int(max_draft_len, 1) or max_draft_len > costs.max_draft_len:
@@ -198,9 +204,11 @@ def choose_setting(cycles: Sequence[tuple[Sequence[float], int]], costs: CostMod
     if short < max_draft_len:
         raise DecodeError(f"calibration cycles drafted {short} tokens, fewer than max_draft_len={max_draft_len}; "
                           "calibrate with a chain of max_draft_len and min_confidence=0")
+    if not 0 <= min_gain < 1:
+        raise DecodeError(f"min_gain={min_gain!r} must be a fraction in [0, 1)")
     plain = costs.plain_token_seconds
     best = AdaptiveSetting(0, 0.0, 1.0, costs.hf_token_seconds / plain)
-    best_sec = plain
+    best_sec = plain * (1.0 - min_gain)  # what a drafting setting must beat
     candidates = [{"draft_len": 0, "min_confidence": 0.0, "tokens_per_cycle": 1.0,
                    "predicted_speedup": round(costs.hf_token_seconds / plain, 4)}]
     for d in range(1, max_draft_len + 1):
