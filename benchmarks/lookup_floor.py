@@ -1,7 +1,8 @@
-"""How far does copying go on the target's own answers? Scores n-gram lookup drafting (the rule of
-HF prompt lookup: find the most recent earlier occurrence of the last n generated tokens, n = 3,
-2, 1, and propose the tokens that followed it) by exact greedy chain acceptance over a distilled
-corpus, for draft lengths 1..6, the way ``wavesurf.drafter.acceptance`` scores heads.
+"""How far does copying go on the target's own answers? Scores n-gram lookup drafting
+(``wavesurf.drafter.acceptance.lookup_drafts``: find the most recent earlier occurrence of the last
+n generated tokens, n = 3, 2, 1, and propose the tokens that followed it) by exact greedy chain acceptance over a distilled
+corpus, for draft lengths 1..6. The speed table's ``lookup`` floor (``lookup_acceptance``) scores
+the same rule on the held-out feature store, prompts included in the context.
 
     python benchmarks/lookup_floor.py --model smollm2-135m --split heldout --max-tokens 4000
 
@@ -18,28 +19,18 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
-def propose(context: list[int], draft_len: int, max_ngram: int = 3) -> list[int]:
-    """Tokens that followed the most recent earlier occurrence of the longest matching suffix."""
-    for n in range(max_ngram, 0, -1):
-        if len(context) <= n:
-            continue
-        suffix = context[-n:]
-        for start in range(len(context) - n - 1, -1, -1):
-            if context[start:start + n] == suffix:
-                return context[start + n:start + n + draft_len]
-    return []
-
-
 def chain_tau(conversations: list[list[list[int]]], draft_len: int) -> tuple[float, int]:
     """Tokens per verify cycle of chain decoding with lookup drafts (greedy: a draft token is
     accepted while it equals the stored greedy answer; every cycle adds one target token)."""
+    from wavesurf.drafter.acceptance import lookup_drafts
+
     tokens = cycles = 0
     for answers in conversations:
         context: list[int] = []
         for answer in answers:
             i = 0
             while i < len(answer):
-                draft = propose(context, draft_len)
+                draft = lookup_drafts(context, draft_len)[-1] if context else []
                 hits = 0
                 while hits < len(draft) and i + hits < len(answer) and draft[hits] == answer[i + hits]:
                     hits += 1

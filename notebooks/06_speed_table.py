@@ -101,6 +101,7 @@ HTML(plots.html_table(
 default = table.row("default")
 best = table.best(("selected", "selected+filter", "control"))
 floor = table.row("bigram")
+lookup = table.row("lookup")
 train = settings.train
 timed_default = [r for r in table.timed if r["role"] == "default"]
 glue("verdict", table.verdict, display=False)
@@ -122,6 +123,8 @@ glue("best_ids", best["layer_ids"], display=False)
 glue("best_tau", float(best["tau"]), display=False)
 glue("best_diff_ci", f"{best['diff']:+.3f} ({best['diff_lo']:+.3f} to {best['diff_hi']:+.3f})", display=False)
 glue("floor_tau", float(floor["tau"]), display=False)
+glue("lookup_tau", float(lookup["tau"]), display=False)
+glue("lookup_ci", f"{lookup['tau_lo']:.3f} to {lookup['tau_hi']:.3f}", display=False)
 glue("default_speedup", min(float(r["speedup"]) for r in timed_default), display=False)
 glue("default_speedup_max", max(float(r["speedup"]) for r in timed_default), display=False)
 glue("default_speedup_ci", "; ".join(
@@ -141,7 +144,8 @@ glue("n_runs", sum(int(r["prompts"] or 0) for r in table.timed), display=False)
 # {glue:text}`n_seeds` training seeds, 95% bootstrap interval over held-out sequences) and its paired
 # difference to the default set (right). **What to see:** a set beats the default only if its
 # right-hand interval lies entirely right of the dashed zero line (green); grey intervals cross it.
-# The bigram floor shows how much of τ needs no target features at all.
+# The two floors need no target features at all: a bigram table, and n-gram lookup over the
+# conversation so far (a small model's greedy answers repeat themselves, so copying goes far).
 # ```
 #
 # {glue:text}`n_drafters` drafters ({glue:text}`n_sets` layer sets x {glue:text}`n_seeds` seeds), each
@@ -152,7 +156,9 @@ glue("n_runs", sum(int(r["prompts"] or 0) for r in table.timed), display=False)
 # ({glue:text}`heldout_positions` answer tokens). The default set reaches τ =
 # {glue:text}`default_tau:.3f` ({glue:text}`default_tau_ci`); the best other set is
 # {glue:text}`best_set` ({glue:text}`best_ids`) with τ = {glue:text}`best_tau:.3f`, a paired difference
-# of {glue:text}`best_diff_ci`; the bigram floor reaches τ = {glue:text}`floor_tau:.3f`.
+# of {glue:text}`best_diff_ci`; the bigram floor reaches τ = {glue:text}`floor_tau:.3f` and n-gram
+# lookup (prompt lookup's rule, scored on the same positions) τ = {glue:text}`lookup_tau:.3f`
+# ({glue:text}`lookup_ci`).
 #
 # In timed decoding ({glue:text}`bench_prompts` prompts per benchmark, up to {glue:text}`bench_tokens`
 # new tokens) the default set runs at {glue:text}`default_speedup:.2f`–{glue:text}`default_speedup_max:.2f`x

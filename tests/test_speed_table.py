@@ -46,7 +46,9 @@ def test_run_speed_table_trains_each_set_and_seed_once(smollm):
     assert table.rows[0]["train_tokens"] >= 0.5 * settings.train["train_tokens"]
     assert all(1.0 <= r["tau_1"] <= r["tau_3"] <= 4.0 for r in table.rows)  # a longer chain never commits less
     summary = {s["layer_set"]: s for s in table.summary}
-    assert set(summary) == {"default", "last-1", "bigram"} and summary["bigram"]["group"] == "floor"
+    assert set(summary) == {"default", "last-1", "bigram", "lookup"}
+    assert summary["bigram"]["group"] == summary["lookup"]["group"] == "floor"
+    assert summary["lookup"]["tau"] >= 1.0
     d = summary["default"]
     assert d["seeds"] == 2 and d["tau_lo"] <= d["tau"] <= d["tau_hi"] and d["verdict"] == "reference"
     assert d["diff"] == 0.0  # the default paired with itself

@@ -171,8 +171,8 @@ class SpeedTable:
     """The speed table's tidy outputs.
 
     ``rows``: one per layer set x seed (offline tau at every draft length, per-step accuracy,
-    training facts); ``summary``: one per layer set plus the bigram floor at ``draft_len``: tau with
-    its bootstrap interval over held-out sequences (seeds averaged), the paired difference to the
+    training facts); ``summary``: one per layer set plus the bigram and n-gram lookup floors at
+    ``draft_len``: tau with its bootstrap interval over held-out sequences (seeds averaged), the paired difference to the
     default set with its interval, the seed spread, and a verdict (``better``, ``worse``, ``within
     noise``); ``timed``: real decoding of the default, the best selected set and the best control
     against HF greedy ``generate``; ``curve``: offline tau against training tokens.
@@ -316,7 +316,7 @@ def run_speed_table(target: Any, sets: Sequence[LayerSet], settings: SpeedTableS
     Every corpus, store, drafter, score and timed run is cached under its own key, so an
     interrupted run resumes where it stopped and a re-run only reads the cache.
     """
-    from .drafter.acceptance import bigram_acceptance, bootstrap_tau, build_bigram_table
+    from .drafter.acceptance import bigram_acceptance, bootstrap_tau, build_bigram_table, lookup_acceptance
 
     settings = settings or SpeedTableSettings()
     settings.check()
@@ -355,13 +355,16 @@ def run_speed_table(target: Any, sets: Sequence[LayerSet], settings: SpeedTableS
         summary.append(_summary_row(s.name, s.group, s.aliases, s.layer_ids, runs[s.name], base_runs, acc_cfg))
     floor_runs = [floor] * len(base_runs)  # deterministic: the same floor paired with every seed
     summary.append(_summary_row("bigram", "floor", [], [], floor_runs, base_runs, acc_cfg))
+    lookup = lookup_acceptance(target, held_store, max_draft_len=acc_cfg["max_draft_len"], progress=progress)
+    lookup_runs = [lookup] * len(base_runs)
+    summary.append(_summary_row("lookup", "floor", [], [], lookup_runs, base_runs, acc_cfg))
     info = {"draft_len": d, "level": level, "seeds": len(settings.seeds), "heldout_sequences": len(floor.sequence_ids),
             "heldout_positions": floor.positions, "heldout_cut_tokens": floor.cut_tokens, "corpus": corpus_name,
             "train_store_tokens": train_store.tokens, "heldout_store_tokens": held_store.tokens}
 
     info.update(n_boot=acc_cfg["n_boot"])
     aliases = {a: s.name for s in sets for a in s.aliases}
-    result = SpeedTable(rows, summary, [], [], info, {**runs, "bigram": floor_runs}, aliases)
+    result = SpeedTable(rows, summary, [], [], info, {**runs, "bigram": floor_runs, "lookup": lookup_runs}, aliases)
     by_name = {s.name: s for s in sets}
     chosen = [("default", default.name)]
     for label, groups in (("best selected", ("selected", "selected+filter")), ("best control", ("control",))):

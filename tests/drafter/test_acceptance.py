@@ -17,6 +17,8 @@ from wavesurf.drafter.acceptance import (
     continuations,
     count_bigrams,
     leading_hits,
+    lookup_acceptance,
+    lookup_drafts,
     offline_acceptance,
     walk_chain,
 )
@@ -189,6 +191,53 @@ def test_offline_tau_equals_real_chain_decoding(smollm, greedy_store, tmp_cache)
     # cached: the same head on the same store is read back
     again = offline_acceptance(smollm, head, greedy_store, max_draft_len=3, batch_tokens=1024, progress=False)
     assert np.array_equal(again.committed, acc.committed)
+
+
+def _propose(context, draft_len, max_ngram=3):
+    """Brute force: the latest earlier occurrence of the longest suffix, searched backwards."""
+    for n in range(max_ngram, 0, -1):
+        for start in range(len(context) - n - 1, -1, -1):
+            if n <= len(context) and context[start:start + n] == context[len(context) - n:]:
+                return context[start + n:start + n + draft_len]
+    return []
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_lookup_drafts_match_a_backward_search(seed):
+    rng = np.random.default_rng(seed)
+    seq = rng.integers(0, 6, size=80).tolist()  # a small alphabet: many repeats
+    drafts = lookup_drafts(seq, 4)
+    assert [drafts[p] for p in range(len(seq))] == [_propose(seq[:p + 1], 4) for p in range(len(seq))]
+    assert lookup_drafts([5], 3) == [[]]
+
+
+def test_lookup_tau_equals_a_cycle_by_cycle_lookup_decode(smollm, greedy_store, tmp_cache):
+    """Decode every held-out continuation cycle by cycle with lookup drafts (prompt + answer so
+    far as the context; the prefill gives the first token): tokens per cycle equal the floor's
+    offline tau at every draft length."""
+    acc = lookup_acceptance(smollm, greedy_store, max_draft_len=4, batch_tokens=1024, progress=False)
+    batches = greedy_store.batches(LAYERS, 1024)
+    for dl in (1, 2, 4):
+        committed = cycles = 0
+        for bi in range(len(batches)):
+            b = batches[bi]
+            for r, s in enumerate(batches.plan[batches.order[bi]]):
+                n = s.length
+                ids = b["input_ids"][r, :n].tolist()
+                for c in continuations(b["loss_mask"][r, :n].numpy(), b["input_ids"][r, :n].numpy(),
+                                       b["target_argmax"][r, :n].numpy(), 0)[0]:
+                    i = 1  # the first token comes from the prefill, as in SpeculativeDecoder
+                    while i < c.length:
+                        draft = _propose(ids[: c.start + i], dl)
+                        hit = 0
+                        while hit < len(draft) and i + hit < c.length and draft[hit] == ids[c.start + i + hit]:
+                            hit += 1
+                        step = min(hit + 1, c.length - i)
+                        committed, cycles, i = committed + step, cycles + 1, i + step
+        assert committed / cycles == pytest.approx(acc.tau(dl), rel=1e-9)
+    assert acc.tau(4) > 1.0  # greedy answers of a small model repeat: lookup drafts something
+    with pytest.raises(AcceptanceError, match="max_ngram=0"):
+        lookup_acceptance(smollm, greedy_store, max_ngram=0, progress=False)
 
 
 def test_refusals(smollm, greedy_store, tmp_cache):

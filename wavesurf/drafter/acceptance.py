@@ -434,6 +434,76 @@ def bigram_acceptance(target: Any, table: BigramTable, store: FeatureStore, *,
     return _cached("bigram", {"bigram": fp, "store": store.key, "max_draft_len": max_draft_len}, compute, use_cache)
 
 
+def lookup_drafts(tokens: Sequence[int], max_draft_len: int, max_ngram: int = 3) -> list[list[int]]:
+    """N-gram lookup drafts in the manner of prompt lookup decoding (huggingface/transformers
+    ``src/transformers/generation/candidate_generator.py``, ``PromptLookupCandidateGenerator``;
+    here the most recent occurrence wins): entry p drafts the tokens after ``tokens[:p + 1]`` by
+    finding the latest earlier occurrence of its last n tokens (n = ``max_ngram`` .. 1, the longest
+    that occurs) and proposing up to ``max_draft_len`` tokens that followed it; [] if no suffix
+    occurs earlier. One pass with a last-occurrence index per n."""
+    last: list[dict[tuple[int, ...], int]] = [dict() for _ in range(max_ngram + 1)]
+    out: list[list[int]] = []
+    seq = [int(x) for x in tokens]
+    for p in range(len(seq)):
+        length = p + 1  # context tokens[:length]
+        for n in range(1, max_ngram + 1):  # occurrences that now have a following token
+            start = length - 1 - n
+            if start >= 0:
+                last[n][tuple(seq[start:start + n])] = start
+        draft: list[int] = []
+        for n in range(max_ngram, 0, -1):
+            if length < n:
+                continue
+            start = last[n].get(tuple(seq[length - n:length]))
+            if start is not None:
+                draft = seq[start + n:min(start + n + max_draft_len, length)]
+                break
+        out.append(draft)
+    return out
+
+
+def lookup_hits(batch: dict[str, Any], max_draft_len: int, max_ngram: int = 3) -> Any:
+    """Same contract as :func:`head_hits` for n-gram lookup: the drafts at position t come from the
+    context x_0..x_{t+1} (what the decoder holds when position t's cycle starts), step j compared
+    with the target's greedy token at position t+1+j."""
+    import torch
+
+    ids, arg, attn = batch["input_ids"], batch["target_argmax"], batch["attention_mask"]
+    b, t = ids.shape
+    hits = torch.zeros(b, t, max_draft_len, dtype=torch.bool)
+    for r in range(b):
+        n = int(attn[r].sum())
+        drafts = lookup_drafts(ids[r, :n].tolist(), max_draft_len, max_ngram)
+        for pos in range(n - 1):
+            for j, tok in enumerate(drafts[pos + 1]):
+                if pos + 1 + j >= n or tok != int(arg[r, pos + 1 + j]):
+                    break
+                hits[r, pos, j] = True
+    return hits
+
+
+def lookup_acceptance(target: Any, store: FeatureStore, *, max_draft_len: int = DEFAULT_MAX_DRAFT_LEN,
+                      max_ngram: int = 3, batch_tokens: int = 4096, name: str = "lookup", use_cache: bool = True,
+                      progress: bool = True) -> Acceptance:
+    """Chain acceptance of n-gram lookup drafting (prompt + answer so far as the context) on the
+    same continuations as :func:`offline_acceptance`: the floor a copy mechanism sets, which
+    matters because a small target's greedy answers repeat themselves."""
+    max_draft_len = check_max_draft_len(max_draft_len)
+    if not is_int(max_ngram, 1):
+        raise AcceptanceError(f"max_ngram={max_ngram!r} must be a positive integer")
+    _check_store(store, target, None)
+    ids = [target.n_layers]  # any stored id: lookup reads no features
+
+    def compute() -> Acceptance:
+        segments, seq_ids, cut = _scan(store, ids, batch_tokens, lambda batch: lookup_hits(batch, max_draft_len, max_ngram),
+                                       max_draft_len, progress, f"acceptance {name}")
+        return acceptance_from_hits(name, segments, seq_ids, max_draft_len, cut,
+                                    {"lookup_max_ngram": max_ngram, "store": store.key})
+
+    return _cached("lookup", {"max_ngram": max_ngram, "store": store.key, "max_draft_len": max_draft_len}, compute,
+                   use_cache)
+
+
 # ---------------------------------------------------------------------------------------------
 # intervals
 def bootstrap_tau(runs: Sequence[Acceptance], draft_len: int, *, baseline: Sequence[Acceptance] | None = None,
