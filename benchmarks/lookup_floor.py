@@ -26,11 +26,14 @@ def chain_tau(conversations: list[list[list[int]]], draft_len: int) -> tuple[flo
 
     tokens = cycles = 0
     for answers in conversations:
+        # a draft depends only on its context, and every committed token is the stored one: the
+        # drafts after each prefix of the whole conversation, computed once, serve every cycle
+        drafts = lookup_drafts([t for answer in answers for t in answer], draft_len)
         context: list[int] = []
         for answer in answers:
             i = 0
             while i < len(answer):
-                draft = lookup_drafts(context, draft_len)[-1] if context else []
+                draft = drafts[len(context) - 1] if context else []
                 hits = 0
                 while hits < len(draft) and i + hits < len(answer) and draft[hits] == answer[i + hits]:
                     hits += 1

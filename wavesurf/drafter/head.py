@@ -154,10 +154,15 @@ class RMSNorm(nn.Module):
         return self.weight * x.to(dtype)
 
 
+def rope_frequencies(head_dim: int, theta: float, device: Any = None, dtype: Any = torch.float32) -> torch.Tensor:
+    """Angle per position of each rotate-half pair i < head_dim/2: ``theta ** (-2i / head_dim)``."""
+    return 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device, dtype=dtype) / head_dim))
+
+
 def rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
     """Rotary embedding (rotate-half form) of ``x`` [B, h, T, hd] at ``positions`` [B, T]."""
     hd = x.shape[-1]
-    inv = 1.0 / (theta ** (torch.arange(0, hd, 2, device=x.device, dtype=torch.float32) / hd))
+    inv = rope_frequencies(hd, theta, x.device)
     ang = positions.to(torch.float32)[:, None, :, None] * inv  # [B, 1, T, hd/2]
     cos, sin = torch.cat([ang.cos(), ang.cos()], -1).to(x.dtype), torch.cat([ang.sin(), ang.sin()], -1).to(x.dtype)
     x1, x2 = x[..., : hd // 2], x[..., hd // 2 :]
@@ -321,7 +326,7 @@ def init_head(head: DraftHead, seed: int = 0, std: float = 0.02) -> DraftHead:
 
 __all__ = [
     "DraftConfig", "DraftHead", "DraftStep", "DrafterError", "check_draft_layer_ids", "causal_mask",
-    "init_head", "rope", "save_head", "load_head",
+    "init_head", "rope", "rope_frequencies", "save_head", "load_head",
 ]
 
 

@@ -31,14 +31,14 @@ from typing import Any
 import torch
 
 from ..errors import DrafterError
-from .head import DraftHead
+from .head import DraftHead, rope_frequencies
 
 
 def slow_rotary_dims(head_dim: int, rope_theta: float, max_distance: int = 400, max_angle: float = 0.5) -> list[int]:
     """Dimensions of a rotate-half rotary head whose pair turns by at most ``max_angle`` radians
     over ``max_distance`` positions (both halves of each such pair)."""
     half = head_dim // 2
-    inv = rope_theta ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+    inv = rope_frequencies(head_dim, rope_theta, dtype=torch.float64)
     pairs = [i for i in range(half) if float(inv[i]) * max_distance <= max_angle]
     return pairs + [i + half for i in pairs]
 

@@ -53,7 +53,7 @@ TRAINER_STATE = "trainer.json"
 #: settings that do not change the trained weights (a resume may change them)
 _NOT_FINGERPRINTED = ("checkpoint_every", "log_every")
 #: options added later: left out of the fingerprint at their default, so earlier heads keep their keys
-_FINGERPRINTED_IF_SET = {"init_attention": "random", "frozen": ()}
+_FINGERPRINTED_IF_SET = {"init_attention": "random", "frozen": []}  # defaults as fingerprinted
 
 
 @dataclass
@@ -133,7 +133,7 @@ class TrainSettings:
         d["betas"] = list(self.betas)
         d["frozen"] = sorted(self.frozen)
         for name, default in _FINGERPRINTED_IF_SET.items():
-            if d[name] == list(default) or d[name] == default:
+            if d[name] == default:
                 d.pop(name)
         return {k: v for k, v in d.items() if k not in _NOT_FINGERPRINTED}
 
