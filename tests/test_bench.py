@@ -83,6 +83,10 @@ def test_bad_settings_are_refused(smollm, tmp_cache):
         run_bench(smollm, head, "mt-bench", {"n_prompts": 1})
     with pytest.raises(BenchError, match=r"unknown bench settings \['prompts'\]"):
         BenchSettings.from_dict({"prompts": 3})
+    with pytest.raises(BenchError, match="lookup_ngram=3 drafts a chain"):
+        BenchSettings(n_prompts=1, mode="tree", lookup_ngram=3)
+    with pytest.raises(BenchError, match="lookup_ngram=9"):
+        BenchSettings(n_prompts=1, lookup_ngram=9)
     assert not (tmp_cache / "results").exists()  # nothing half-written
 
 

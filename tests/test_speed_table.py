@@ -52,6 +52,10 @@ def test_run_speed_table_trains_each_set_and_seed_once(smollm):
     d = summary["default"]
     assert d["seeds"] == 2 and d["tau_lo"] <= d["tau"] <= d["tau_hi"] and d["verdict"] == "reference"
     assert d["diff"] == 0.0  # the default paired with itself
+    # every head is also scored drafting with n-gram lookup first (the smoke profile sets lookup_ngram)
+    assert table.info["lookup_ngram"] == 3 and d["lookup_diff"] == 0.0
+    assert d["lookup_tau_lo"] <= d["lookup_tau"] <= d["lookup_tau_hi"]
+    assert all(r["lookup_tau_1"] <= r["lookup_tau_3"] for r in table.rows)
     last = summary["last-1"]
     assert last["diff_lo"] <= last["diff"] <= last["diff_hi"] and last["verdict"] in ("better", "worse", "within noise")
     assert "the default [2 15 27]" in table.verdict or "the default" in table.verdict

@@ -70,6 +70,9 @@ class BenchSettings:
     further prompts); ``tree``: a :class:`~wavesurf.drafter.tree.TreeSpec` to decode with instead of
     ``mode`` and the shape fields. ``methods``: a subset of :data:`METHODS` (``hf_generate``, the
     reference of speedup and losslessness, always runs). ``split_seed``: the ShareGPT split.
+    ``lookup_ngram``: n > 0 drafts each chain's first tokens by n-gram lookup over the context
+    (suffixes of up to n tokens; :mod:`wavesurf.drafter.lookup`) and lets the head continue after
+    them; 0 = the head alone. Chains only (modes 'chain' and 'auto').
     """
 
     n_prompts: int = 10
@@ -88,6 +91,7 @@ class BenchSettings:
     split_seed: int = 0
     warmup: int = 1
     n_calibration: int = 2
+    lookup_ngram: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "methods", tuple(self.methods))
@@ -130,7 +134,12 @@ class BenchSettings:
                 raise BenchError(f"tree={self.tree!r} must be a TreeSpec (TreeSpec.chain(4), make_tree('tree', ...)) or None")
             if self.auto:
                 raise BenchError("tree=... and mode='auto' exclude each other: 'auto' chooses a chain length up to draft_len")
+        if not is_int(self.lookup_ngram, 0, 8):
+            raise BenchError(f"lookup_ngram={self.lookup_ngram!r} must be an integer in 0..8 (0 = the head alone)")
         self.shape()  # a tree that cannot be built fails here
+        if self.lookup_ngram and not self.shape().is_chain:
+            raise BenchError(f"lookup_ngram={self.lookup_ngram} drafts a chain's first tokens; use mode 'chain' or "
+                             "'auto', or lookup_ngram=0 with a tree")
 
     def shape(self) -> Any:
         """The :class:`~wavesurf.drafter.tree.TreeSpec` decoded with (mode 'auto': the longest chain tried)."""
@@ -277,6 +286,8 @@ def run_bench(
         "wavesurf": __version__, "layer_ids": list(head.config.layer_ids),
         "draft_vocab_size": head.config.draft_vocab_size,
     }
+    if b.lookup_ngram:  # only when set: runs of the head alone keep their cache keys
+        settings["lookup_ngram"] = b.lookup_ngram
     if auto:
         settings.update(mode="auto", max_draft_len=settings.pop("depth"), n_calibration=n_calibration)
         for k in ("top_k", "total_tokens"):
@@ -298,11 +309,11 @@ def run_bench(
             raise BenchError(f"{dataset} has no prompts left for calibration after the {n_prompts} benchmarked ones; "
                              "use fewer --n-prompts")
         choice, costs = tune(target, head, [prompt_ids(target, p, []) for p in calibration],
-                             max_draft_len=b.draft_len, max_new_tokens=max_new_tokens)
-        decoder = adaptive_decoder(target, head, choice)
+                             max_draft_len=b.draft_len, max_new_tokens=max_new_tokens, lookup_ngram=b.lookup_ngram)
+        decoder = adaptive_decoder(target, head, choice, b.lookup_ngram)
         adaptive = {"choice": choice.describe(), "costs": costs.describe()}
     elif "eagle3" in methods:
-        decoder = SpeculativeDecoder(target, head, tree)
+        decoder = SpeculativeDecoder(target, head, tree, lookup_ngram=b.lookup_ngram)
     for _ in range(b.warmup):  # warm-up (excluded): every method once on a short run
         ids = prompt_ids(target, prompts[0], [])
         for m in methods:

@@ -118,7 +118,9 @@ class SpeedTableSettings:
     fields other than the corpus (both stores hold the union of the sets' layer ids); ``train``:
     :class:`~wavesurf.drafter.train.TrainSettings` fields, identical for every set (only ``seed``
     varies over ``seeds``); ``acceptance``: ``draft_len`` (the chain length the table reports),
-    ``max_draft_len`` (lengths scored), ``n_boot`` and ``level`` of the bootstrap intervals;
+    ``max_draft_len`` (lengths scored), ``n_boot`` and ``level`` of the bootstrap intervals,
+    ``lookup_ngram`` (n > 0: every head is also scored drafting with n-gram lookup first, as the
+    timed runs decode when ``bench.lookup_ngram`` is set; 0: the head alone only);
     ``bench``: the :class:`~wavesurf.bench.BenchSettings` of the timed runs of the default set, the
     best selected set and the best control on each of ``datasets`` (a profile gives its fields as a
     dict; the runs time ``hf_generate`` and ``eagle3`` only); ``curve_fractions``:
@@ -130,7 +132,7 @@ class SpeedTableSettings:
     features: dict = field(default_factory=lambda: {"max_len": 1024, "batch_tokens": 4096})
     train: dict = field(default_factory=lambda: {"train_tokens": 60_000, "ttt_steps": 4, "draft_vocab_size": 8192})
     acceptance: dict = field(default_factory=lambda: {"draft_len": 4, "max_draft_len": 6, "n_boot": 2000,
-                                                      "level": 0.95})
+                                                      "level": 0.95, "lookup_ngram": 3})
     bench: BenchSettings = field(default_factory=lambda: BenchSettings(n_prompts=3, max_new_tokens=64, mode="auto",
                                                                      draft_len=4))
     datasets: tuple[str, ...] = ("mt-bench", "humaneval", "sharegpt")
@@ -161,6 +163,13 @@ class SpeedTableSettings:
         d = self.acceptance.get("draft_len", 4)
         if not is_int(d, 1, self.acceptance.get("max_draft_len", 6)):
             raise WavesurfError(f"acceptance draft_len={d!r} must be an integer in 1..max_draft_len")
+        bad = sorted(set(self.acceptance) - {"draft_len", "max_draft_len", "n_boot", "level", "lookup_ngram"})
+        if bad:
+            raise WavesurfError(f"unknown acceptance settings {bad}; allowed: draft_len, max_draft_len, n_boot, level, "
+                                "lookup_ngram")
+        n = self.acceptance.get("lookup_ngram", 0)
+        if not is_int(n, 0, 8):
+            raise WavesurfError(f"acceptance lookup_ngram={n!r} must be an integer in 0..8 (0 = the head alone)")
         for f in self.curve_fractions:
             if not 0 < f < 1:
                 raise WavesurfError(f"curve fraction {f!r} must be in (0, 1)")
@@ -174,7 +183,8 @@ class SpeedTable:
     training facts); ``summary``: one per layer set plus the bigram and n-gram lookup floors at
     ``draft_len``: tau with its bootstrap interval over held-out sequences (seeds averaged), the paired difference to the
     default set with its interval, the seed spread, and a verdict (``better``, ``worse``, ``within
-    noise``); ``timed``: real decoding of the default, the best selected set and the best control
+    noise``); with ``lookup_ngram`` also ``lookup_tau`` (n-gram lookup first, the head after it)
+    with its interval and its paired difference to the default set drafting the same way; ``timed``: real decoding of the default, the best selected set and the best control
     against HF greedy ``generate``; ``curve``: offline tau against training tokens.
     """
 
@@ -229,6 +239,11 @@ class SpeedTable:
         return verdict_sentence(self.summary, self.info)
 
     @property
+    def lookup_verdict(self) -> str:
+        """One sentence on the heads drafting after n-gram lookup (empty when they were not scored)."""
+        return lookup_sentence(self.summary, self.info)
+
+    @property
     def timed_setting(self) -> str:
         """One sentence on what the timed heads ran at (mode 'auto': the chosen chain lengths)."""
         if not self.timed or self.timed[0].get("predicted_speedup", "") in ("", None):
@@ -271,6 +286,27 @@ def verdict_sentence(summary: Sequence[dict[str, Any]], info: dict[str, Any]) ->
         head = f"No layer set beats {base} beyond its {level}% interval" + (
             f"; the largest difference is {fmt(top)}" if top else "")
     return f"{head}; {worse} sets are worse ({where})."
+
+
+def lookup_sentence(summary: Sequence[dict[str, Any]], info: dict[str, Any]) -> str:
+    """What the heads add after n-gram lookup (paired against lookup alone), and whether any set
+    differs from the default there beyond its interval."""
+    over = info.get("head_over_lookup")
+    if not over:
+        return ""
+    level = round(100 * info.get("level", 0.95))
+    others = [r for r in summary if r["group"] not in ("default", "floor") and "lookup_diff" in r]
+    beyond = [r for r in others if r["lookup_diff_lo"] > 0 or r["lookup_diff_hi"] < 0]
+    text = (f"After lookup, the default set's head adds {over['diff']:+.3f} τ over lookup alone ({level}% CI "
+            f"{over['diff_lo']:+.3f} to {over['diff_hi']:+.3f})")
+    if not others:
+        return text + "."
+    top = max(others, key=lambda r: abs(r["lookup_diff"]))
+    fmt = f"{top['layer_set']} ({top['lookup_diff']:+.3f}, {level}% CI {top['lookup_diff_lo']:+.3f} to {top['lookup_diff_hi']:+.3f})"
+    if beyond:
+        names = ", ".join(f"{r['layer_set']} ({r['lookup_diff']:+.3f})" for r in beyond)
+        return text + f"; drafting this way, {len(beyond)} of {len(others)} sets differ from the default beyond their interval: {names}."
+    return text + f"; drafting this way no set differs from the default beyond its interval (largest: {fmt})."
 
 
 def _train_and_score(target: Any, train_store: Any, held_store: Any, ids: list[int], train: dict, seed: int,
@@ -316,23 +352,33 @@ def run_speed_table(target: Any, sets: Sequence[LayerSet], settings: SpeedTableS
     Every corpus, store, drafter, score and timed run is cached under its own key, so an
     interrupted run resumes where it stopped and a re-run only reads the cache.
     """
-    from .drafter.acceptance import bigram_acceptance, bootstrap_tau, build_bigram_table, lookup_acceptance
+    from .drafter.acceptance import (bigram_acceptance, bootstrap_tau, build_bigram_table, lookup_acceptance,
+                                     offline_acceptance)
 
     settings = settings or SpeedTableSettings()
     settings.check()
-    acc_cfg = {"draft_len": 4, "max_draft_len": 6, "n_boot": 2000, "level": 0.95, **settings.acceptance}
+    acc_cfg = {"draft_len": 4, "max_draft_len": 6, "n_boot": 2000, "level": 0.95, "lookup_ngram": 0,
+               **settings.acceptance}
     d, level = acc_cfg["draft_len"], acc_cfg["level"]
     union = sorted({i for s in sets for i in s.layer_ids})
     train_store, held_store, corpus_name = distilled_stores(target, settings, union, progress)
 
     rows: list[dict[str, Any]] = []
     runs: dict[str, list[Any]] = {}
+    lookup_runs_by_set: dict[str, list[Any]] = {}
     heads: dict[str, Any] = {}
     for s in sets:
         for seed in settings.seeds:
             result, head, acc, info = _train_and_score(target, train_store, held_store, s.layer_ids, settings.train,
                                                        seed, acc_cfg, f"{s.name}/seed{seed}", progress)
             runs.setdefault(s.name, []).append(acc)
+            with_lookup = {}
+            if acc_cfg["lookup_ngram"]:
+                both = offline_acceptance(target, head, held_store, max_draft_len=acc_cfg["max_draft_len"],
+                                          lookup_ngram=acc_cfg["lookup_ngram"], name=f"{s.name}/seed{seed}+lookup",
+                                          progress=progress)
+                lookup_runs_by_set.setdefault(s.name, []).append(both)
+                with_lookup = {f"lookup_tau_{k}": round(both.tau(k), 5) for k in both.draft_lens}
             heads.setdefault(s.name, result.out_dir)
             vocab = info.get("vocab", {})
             rows.append({
@@ -340,7 +386,7 @@ def run_speed_table(target: Any, sets: Sequence[LayerSet], settings: SpeedTableS
                 "layer_ids": " ".join(map(str, s.layer_ids)),
                 "sglang_layer_ids": " ".join(map(str, to_sglang(s.layer_ids, target.n_layers))), "seed": seed,
                 **{f"tau_{k}": round(acc.tau(k), 5) for k in acc.draft_lens},
-                **{f"step_accuracy_{j}": round(a, 5) for j, a in enumerate(acc.step_accuracy)},
+                **{f"step_accuracy_{j}": round(a, 5) for j, a in enumerate(acc.step_accuracy)}, **with_lookup,
                 "train_tokens": result.train_tokens, "train_steps": result.steps,
                 "train_seconds": round(result.seconds, 1), "train_tokens_per_second": round(result.tokens_per_second, 1),
                 "vocab_coverage_heldout": vocab.get("heldout_coverage", ""), "drafter": result.out_dir,
@@ -353,16 +399,22 @@ def run_speed_table(target: Any, sets: Sequence[LayerSet], settings: SpeedTableS
     summary: list[dict[str, Any]] = []
     for s in sets:
         summary.append(_summary_row(s.name, s.group, s.aliases, s.layer_ids, runs[s.name], base_runs, acc_cfg))
+        if s.name in lookup_runs_by_set:
+            summary[-1].update(_lookup_columns(lookup_runs_by_set[s.name], lookup_runs_by_set[default.name], acc_cfg))
     floor_runs = [floor] * len(base_runs)  # deterministic: the same floor paired with every seed
     summary.append(_summary_row("bigram", "floor", [], [], floor_runs, base_runs, acc_cfg))
     lookup = lookup_acceptance(target, held_store, max_draft_len=acc_cfg["max_draft_len"], progress=progress)
     lookup_runs = [lookup] * len(base_runs)
     summary.append(_summary_row("lookup", "floor", [], [], lookup_runs, base_runs, acc_cfg))
-    info = {"draft_len": d, "level": level, "seeds": len(settings.seeds), "heldout_sequences": len(floor.sequence_ids),
+    info = {"draft_len": d, "level": level, "seeds": len(settings.seeds), "lookup_ngram": acc_cfg["lookup_ngram"], "heldout_sequences": len(floor.sequence_ids),
             "heldout_positions": floor.positions, "heldout_cut_tokens": floor.cut_tokens, "corpus": corpus_name,
             "train_store_tokens": train_store.tokens, "heldout_store_tokens": held_store.tokens}
 
     info.update(n_boot=acc_cfg["n_boot"])
+    if lookup_runs_by_set:
+        over = bootstrap_tau(lookup_runs_by_set[default.name], d, baseline=lookup_runs, n_boot=acc_cfg["n_boot"],
+                             level=level)
+        info["head_over_lookup"] = {k: round(over[k], 5) for k in ("diff", "diff_lo", "diff_hi")}
     aliases = {a: s.name for s in sets for a in s.aliases}
     result = SpeedTable(rows, summary, [], [], info, {**runs, "bigram": floor_runs, "lookup": lookup_runs}, aliases)
     by_name = {s.name: s for s in sets}
@@ -401,6 +453,16 @@ def _summary_row(name: str, group: str, aliases: Sequence[str], layer_ids: Seque
            "step_accuracy_0": round(float(np.mean([r.step_accuracy[0] for r in runs])), 5)}
     row["verdict"] = "reference" if group == "default" else classify(ci)
     return row
+
+
+def _lookup_columns(runs: list[Any], base_runs: list[Any], acc_cfg: dict) -> dict[str, Any]:
+    """tau of a set's heads drafting with n-gram lookup first, with its interval, and the paired
+    difference to the default set's heads drafting the same way."""
+    from .drafter.acceptance import bootstrap_tau
+
+    ci = bootstrap_tau(runs, acc_cfg["draft_len"], baseline=base_runs, n_boot=acc_cfg["n_boot"], level=acc_cfg["level"])
+    return {"lookup_" + k: round(v, 5) for k, v in ci.items() if k in ("tau", "tau_lo", "tau_hi", "diff", "diff_lo",
+                                                                       "diff_hi")}
 
 
 def _setting_columns(summary: dict) -> dict[str, Any]:

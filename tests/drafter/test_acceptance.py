@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from tests.drafter.test_lookup import propose as _propose
 from wavesurf.data import ROLE_ASSISTANT, ROLE_TEMPLATE, ROLE_USER, Encoded
 from wavesurf.drafter.acceptance import (
     Acceptance,
@@ -18,7 +19,6 @@ from wavesurf.drafter.acceptance import (
     count_bigrams,
     leading_hits,
     lookup_acceptance,
-    lookup_drafts,
     offline_acceptance,
     walk_chain,
 )
@@ -173,42 +173,42 @@ def test_offline_tau_equals_real_chain_decoding(smollm, greedy_store, tmp_cache)
     acc = offline_acceptance(smollm, head, greedy_store, max_draft_len=3, batch_tokens=1024, progress=False)
     assert acc.cut_tokens == 0 and acc.positions > 100
     assert 1.2 < acc.tau(3) < 3.5, acc.summary()  # partly right: a non-trivial check
-    batches = greedy_store.batches(LAYERS, 1024)
     for dl in (1, 3):
-        decoder = SpeculativeDecoder(smollm, head, TreeSpec.chain(dl))
-        committed = cycles = 0
-        for bi in range(len(batches)):
-            b = batches[bi]
-            for r, s in enumerate(batches.plan[batches.order[bi]]):
-                n = s.length
-                for c in continuations(b["loss_mask"][r, :n].numpy(), b["input_ids"][r, :n].numpy(),
-                                       b["target_argmax"][r, :n].numpy(), 0)[0]:
-                    run = decoder.generate(b["input_ids"][r, : c.start], max_new_tokens=c.length)
-                    assert run.tokens == b["input_ids"][r, c.start : c.start + c.length].tolist()
-                    committed += sum(run.cycle_tokens)
-                    cycles += len(run.cycle_tokens)
-        assert committed / cycles == pytest.approx(acc.tau(dl), rel=0.01)
+        assert _decoded_tau(SpeculativeDecoder(smollm, head, TreeSpec.chain(dl)), greedy_store) == \
+            pytest.approx(acc.tau(dl), rel=0.01)
     # cached: the same head on the same store is read back
     again = offline_acceptance(smollm, head, greedy_store, max_draft_len=3, batch_tokens=1024, progress=False)
     assert np.array_equal(again.committed, acc.committed)
+    # n-gram lookup first, the head after it: offline equals real decoding too
+    both = offline_acceptance(smollm, head, greedy_store, max_draft_len=3, lookup_ngram=3, batch_tokens=1024,
+                              progress=False)
+    assert both.info["lookup_ngram"] == 3 and not np.array_equal(both.cycles, acc.cycles)
+    drafted = []
+    for dl in (1, 3):
+        tau = _decoded_tau(SpeculativeDecoder(smollm, head, TreeSpec.chain(dl), lookup_ngram=3), greedy_store, drafted)
+        assert tau == pytest.approx(both.tau(dl), rel=0.01)
+    assert sum(drafted) > 0  # lookup proposed tokens (the answers repeat), and the walk counted them
+    with pytest.raises(AcceptanceError, match="lookup_ngram=9"):
+        offline_acceptance(smollm, head, greedy_store, lookup_ngram=9, progress=False)
 
 
-def _propose(context, draft_len, max_ngram=3):
-    """Brute force: the latest earlier occurrence of the longest suffix, searched backwards."""
-    for n in range(max_ngram, 0, -1):
-        for start in range(len(context) - n - 1, -1, -1):
-            if n <= len(context) and context[start:start + n] == context[len(context) - n:]:
-                return context[start + n:start + n + draft_len]
-    return []
-
-
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_lookup_drafts_match_a_backward_search(seed):
-    rng = np.random.default_rng(seed)
-    seq = rng.integers(0, 6, size=80).tolist()  # a small alphabet: many repeats
-    drafts = lookup_drafts(seq, 4)
-    assert [drafts[p] for p in range(len(seq))] == [_propose(seq[:p + 1], 4) for p in range(len(seq))]
-    assert lookup_drafts([5], 3) == [[]]
+def _decoded_tau(decoder, store, lookup_drafted=None) -> float:
+    """tau of real chain decoding of every continuation of ``store``, checked token for token."""
+    batches = store.batches(LAYERS, 1024)
+    committed = cycles = 0
+    for bi in range(len(batches)):
+        b = batches[bi]
+        for r, s in enumerate(batches.plan[batches.order[bi]]):
+            n = s.length
+            for c in continuations(b["loss_mask"][r, :n].numpy(), b["input_ids"][r, :n].numpy(),
+                                   b["target_argmax"][r, :n].numpy(), 0)[0]:
+                run = decoder.generate(b["input_ids"][r, : c.start], max_new_tokens=c.length)
+                assert run.tokens == b["input_ids"][r, c.start : c.start + c.length].tolist()
+                committed += sum(run.cycle_tokens)
+                cycles += len(run.cycle_tokens)
+                if lookup_drafted is not None:
+                    lookup_drafted.extend(run.lookup_drafted)
+    return committed / cycles
 
 
 def test_lookup_tau_equals_a_cycle_by_cycle_lookup_decode(smollm, greedy_store, tmp_cache):

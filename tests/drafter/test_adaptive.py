@@ -11,7 +11,7 @@ import torch
 
 from wavesurf.bench import BenchError, BenchSettings, bench_prompts, prompt_ids, run_bench, untrained_head
 from wavesurf.drafter.adaptive import (
-    CostModel, adaptive_decoder, calibration_cycles, choose_setting, measure_costs, tune,
+    CostModel, _replay, adaptive_decoder, calibration_cycles, choose_setting, measure_costs, tune,
 )
 from wavesurf.drafter.decode import DecodeError, SpeculativeDecoder, TreeSpec, hf_generate
 from wavesurf.drafter.oracle import OracleHead
@@ -80,6 +80,19 @@ def test_threshold_cuts_the_unlikely_tail():
     assert s.predicted_tokens_per_cycle == pytest.approx(1.5)
     no_threshold = next(r for r in s.candidates if r["draft_len"] == s.draft_len and r["min_confidence"] == 0)
     assert s.predicted_speedup > no_threshold["predicted_speedup"]
+
+
+def test_cycles_that_lookup_filled_cost_no_draft_steps():
+    """A chain lookup proposed entirely runs only the draft-KV extend; lookup tokens score 0, so a
+    threshold never cuts them."""
+    c = costs(verify=(1.0, 1.2, 1.3, 1.4), draft=0.1)
+    lp = [0.0, 0.0, 0.0]  # three tokens proposed by lookup
+    tpc, sec = _replay([(lp, 3, 3)], 3, 0.9, c)
+    assert tpc == 4 and sec == pytest.approx((1.4 + 0.1) / 4)
+    tpc, sec = _replay([(lp, 3)], 3, 0.9, c)  # without the lookup count: three head steps
+    assert sec == pytest.approx((1.4 + 0.3) / 4)
+    _, sec = _replay([(lp, 1, 2)], 3, 0.0, c)  # lookup proposed 2 of 3: the head ran every level
+    assert sec == pytest.approx((1.4 + 0.3) / 2)
 
 
 def test_bad_settings_are_refused():

@@ -63,6 +63,29 @@ def test_untrained_head_is_lossless_smollm(smollm, prompts, mode):
         assert sum(got.cycle_tokens) == len(got.tokens) - 1
 
 
+def test_lookup_drafting_is_lossless_and_drafts(smollm, prompts):
+    """n-gram lookup first, an untrained head after it: token-identical to HF greedy, lookup
+    proposes tokens on a prompt whose answer repeats, and a threshold still cuts only head tokens."""
+    head = untrained(smollm)
+    for min_confidence in (0.0, 0.5):
+        dec = SpeculativeDecoder(smollm, head, TreeSpec.chain(4), lookup_ngram=3, min_confidence=min_confidence)
+        for p in prompts[:2]:
+            ids = _ids(smollm, p)
+            got = dec.generate(ids, 48)
+            assert got.tokens == hf_ref(smollm, ids, 48), (p.id, min_confidence)
+            assert len(got.lookup_drafted) == len(got.accepted) and max(got.lookup_drafted) <= 4
+            assert got.tau >= 1.0
+    code = dec.generate(_ids(smollm, prompts[1]), 48)  # HumanEval: code repeats its own names
+    assert sum(code.lookup_drafted) > 0 and sum(code.accepted) > 0
+    sampled = SpeculativeDecoder(smollm, head, TreeSpec.chain(3), lookup_ngram=2).generate(_ids(smollm, prompts[0]), 16,
+                                                                                           temperature=0.8, seed=1)
+    assert len(sampled.tokens) == 16
+    with pytest.raises(DecodeError, match="needs a chain"):
+        SpeculativeDecoder(smollm, head, make_tree("tree", depth=3, top_k=2, total_tokens=4), lookup_ngram=3)
+    with pytest.raises(DecodeError, match="lookup_ngram=-1"):
+        SpeculativeDecoder(smollm, head, lookup_ngram=-1)
+
+
 def test_plain_loop_matches_hf(smollm, prompts):
     ids = _ids(smollm, prompts[2])
     ref = hf_generate(smollm, ids, NEW)

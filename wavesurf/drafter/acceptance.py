@@ -38,6 +38,7 @@ from .._version import __version__
 from ..cache import atomic_directory, cache_root, params_key, verify_directory, write_manifest
 from .features import FeatureStore
 from .head import DraftHead
+from .lookup import lookup_drafts
 
 ACCEPTANCE_FORMAT = 1
 #: draft lengths scored by default (chain decoding with 1..6 drafted tokens per cycle)
@@ -316,31 +317,44 @@ def offline_acceptance(
     store: FeatureStore,
     *,
     max_draft_len: int = DEFAULT_MAX_DRAFT_LEN,
+    lookup_ngram: int = 0,
     batch_tokens: int = 4096,
     name: str = "",
     use_cache: bool = True,
     progress: bool = True,
 ) -> Acceptance:
     """Chain acceptance of ``head`` on the continuations stored in ``store`` (held-out target
-    answers), for draft lengths 1..``max_draft_len``; cached by the head's weights and the store."""
+    answers), for draft lengths 1..``max_draft_len``; cached by the head's weights and the store.
+    ``lookup_ngram > 0``: the chain's first tokens come from n-gram lookup where the context has a
+    match (:func:`head_lookup_hits`), as ``SpeculativeDecoder(lookup_ngram=...)`` drafts."""
     from ..bench import head_fingerprint
 
     max_draft_len = check_max_draft_len(max_draft_len)
+    if not is_int(lookup_ngram, 0, 8):
+        raise AcceptanceError(f"lookup_ngram={lookup_ngram!r} must be an integer in 0..8 (0 = the head alone)")
     head.config.check_target(target)
     _check_store(store, target, head.config.layer_ids)
     head = head.to(target.device).eval()
     embed = target.model.get_input_embeddings()
     fp = head_fingerprint(head)
 
-    def compute() -> Acceptance:
-        segments, ids, cut = _scan(store, head.config.layer_ids, batch_tokens,
-                                   lambda batch: head_hits(head, {k: v.to(target.device) for k, v in batch.items()},
-                                                           embed, max_draft_len),
-                                   max_draft_len, progress, f"acceptance {name or fp}")
-        return acceptance_from_hits(name or fp, segments, ids, max_draft_len, cut,
-                                    {"head": fp, "layer_ids": list(head.config.layer_ids), "store": store.key})
+    def hits_fn(batch: dict[str, Any]) -> Any:
+        batch = {k: v.to(target.device) for k, v in batch.items()}
+        if lookup_ngram:
+            return head_lookup_hits(head, batch, embed, max_draft_len, lookup_ngram)
+        return head_hits(head, batch, embed, max_draft_len)
 
-    return _cached("head", {"head": fp, "store": store.key, "max_draft_len": max_draft_len}, compute, use_cache)
+    def compute() -> Acceptance:
+        segments, ids, cut = _scan(store, head.config.layer_ids, batch_tokens, hits_fn, max_draft_len, progress,
+                                   f"acceptance {name or fp}")
+        extra = {"lookup_ngram": lookup_ngram} if lookup_ngram else {}
+        return acceptance_from_hits(name or fp, segments, ids, max_draft_len, cut,
+                                    {"head": fp, "layer_ids": list(head.config.layer_ids), "store": store.key, **extra})
+
+    params = {"head": fp, "store": store.key, "max_draft_len": max_draft_len}
+    if lookup_ngram:  # only when set: the head-alone scores keep their cache keys
+        params["lookup_ngram"] = lookup_ngram
+    return _cached("head", params, compute, use_cache)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -434,52 +448,43 @@ def bigram_acceptance(target: Any, table: BigramTable, store: FeatureStore, *,
     return _cached("bigram", {"bigram": fp, "store": store.key, "max_draft_len": max_draft_len}, compute, use_cache)
 
 
-def lookup_drafts(tokens: Sequence[int], max_draft_len: int, max_ngram: int = 3) -> list[list[int]]:
-    """N-gram lookup drafts in the manner of prompt lookup decoding (huggingface/transformers
-    ``src/transformers/generation/candidate_generator.py``, ``PromptLookupCandidateGenerator``;
-    here the most recent occurrence wins): entry p drafts the tokens after ``tokens[:p + 1]`` by
-    finding the latest earlier occurrence of its last n tokens (n = ``max_ngram`` .. 1, the longest
-    that occurs) and proposing up to ``max_draft_len`` tokens that followed it; [] if no suffix
-    occurs earlier. One pass with a last-occurrence index per n."""
-    last: list[dict[tuple[int, ...], int]] = [dict() for _ in range(max_ngram + 1)]
-    out: list[list[int]] = []
-    seq = [int(x) for x in tokens]
-    for p in range(len(seq)):
-        length = p + 1  # context tokens[:length]
-        for n in range(1, max_ngram + 1):  # occurrences that now have a following token
-            start = length - 1 - n
-            if start >= 0:
-                last[n][tuple(seq[start:start + n])] = start
-        draft: list[int] = []
-        for n in range(max_ngram, 0, -1):
-            if length < n:
-                continue
-            start = last[n].get(tuple(seq[length - n:length]))
-            if start is not None:
-                draft = seq[start + n:min(start + n + max_draft_len, length)]
-                break
-        out.append(draft)
-    return out
-
-
-def lookup_hits(batch: dict[str, Any], max_draft_len: int, max_ngram: int = 3) -> Any:
+def lookup_hits(batch: dict[str, Any], max_draft_len: int, max_ngram: int = 3, *,
+                with_available: bool = False) -> Any:
     """Same contract as :func:`head_hits` for n-gram lookup: the drafts at position t come from the
     context x_0..x_{t+1} (what the decoder holds when position t's cycle starts), step j compared
-    with the target's greedy token at position t+1+j."""
+    with the target's greedy token at position t+1+j. With ``with_available`` also a bool [B, T, D]
+    array of where lookup proposed a token at all (what the head does not have to draft)."""
     import torch
 
     ids, arg, attn = batch["input_ids"], batch["target_argmax"], batch["attention_mask"]
     b, t = ids.shape
     hits = torch.zeros(b, t, max_draft_len, dtype=torch.bool)
+    available = torch.zeros(b, t, max_draft_len, dtype=torch.bool)
     for r in range(b):
         n = int(attn[r].sum())
         drafts = lookup_drafts(ids[r, :n].tolist(), max_draft_len, max_ngram)
         for pos in range(n - 1):
-            for j, tok in enumerate(drafts[pos + 1]):
+            draft = drafts[pos + 1]
+            available[r, pos, :len(draft)] = True
+            for j, tok in enumerate(draft):
                 if pos + 1 + j >= n or tok != int(arg[r, pos + 1 + j]):
                     break
                 hits[r, pos, j] = True
-    return hits
+    return (hits, available) if with_available else hits
+
+
+def head_lookup_hits(head: DraftHead, batch: dict[str, Any], embed: Any, max_draft_len: int, lookup_ngram: int) -> Any:
+    """Hits of chain drafting with n-gram lookup first and the head after it (see
+    :class:`~wavesurf.drafter.decode.SpeculativeDecoder`, ``lookup_ngram``): step j is lookup's
+    token where lookup proposed one, else the head's. Exact because while every earlier draft was
+    right the head's step j reads the same inputs whichever drafter proposed those tokens (the true
+    tokens' embeddings and its own earlier hidden states)."""
+    import torch
+
+    head_part = head_hits(head, batch, embed, max_draft_len)
+    lookup_part, available = lookup_hits({k: v.cpu() for k, v in batch.items()}, max_draft_len, lookup_ngram,
+                                         with_available=True)
+    return torch.where(available, lookup_part, head_part)
 
 
 def lookup_acceptance(target: Any, store: FeatureStore, *, max_draft_len: int = DEFAULT_MAX_DRAFT_LEN,
@@ -554,4 +559,4 @@ def bootstrap_tau(runs: Sequence[Acceptance], draft_len: int, *, baseline: Seque
 
 
 __all__ = ["Acceptance", "AcceptanceError", "BigramTable", "bigram_acceptance", "bootstrap_tau", "build_bigram_table",
-           "continuations", "count_bigrams", "head_hits", "leading_hits", "offline_acceptance", "walk_chain"]
+           "continuations", "count_bigrams", "head_hits", "head_lookup_hits", "lookup_acceptance", "lookup_hits", "leading_hits", "offline_acceptance", "walk_chain"]

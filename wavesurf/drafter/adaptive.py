@@ -168,28 +168,33 @@ class AdaptiveSetting:
                 "predicted_speedup": round(self.predicted_speedup, 4)}
 
 
-def _replay(cycles: Sequence[tuple[Sequence[float], int]], draft_len: int, min_confidence: float,
+def _replay(cycles: Sequence[tuple], draft_len: int, min_confidence: float,
             costs: CostModel) -> tuple[float, float]:
-    """(tokens per cycle, seconds per token) of a setting replayed over calibration cycles."""
+    """(tokens per cycle, seconds per token) of a setting replayed over calibration cycles
+    ((scores, accepted) or (scores, accepted, tokens drafted by n-gram lookup))."""
     min_logp = math.log(min_confidence) if min_confidence > 0 else -math.inf
     tokens = seconds = 0.0
-    for scores, accepted in cycles:
+    for cycle in cycles:
+        scores, accepted = cycle[0], cycle[1]
+        looked_up = cycle[2] if len(cycle) > 2 else 0
         drafted = 0
         for s in scores[:draft_len]:
             if s < min_logp:
                 break
             drafted += 1
         steps = drafted if drafted == draft_len else drafted + 1  # the step that fell below still ran
+        if looked_up >= draft_len:  # lookup filled the chain: only the draft-KV extend ran
+            steps = 1
         tokens += min(accepted, drafted) + 1
         seconds += costs.cycle_seconds(drafted, steps)
     return tokens / len(cycles), seconds / tokens
 
 
-def choose_setting(cycles: Sequence[tuple[Sequence[float], int]], costs: CostModel, max_draft_len: int,
+def choose_setting(cycles: Sequence[tuple], costs: CostModel, max_draft_len: int,
                    thresholds: Sequence[float] = DEFAULT_THRESHOLDS, min_gain: float = MIN_GAIN) -> AdaptiveSetting:
     """The (draft length, threshold) with the fewest seconds per token over the calibration
     ``cycles`` ((cumulative draft log-probs of a chain of at least ``max_draft_len`` tokens, accepted
-    count) each), or plain decoding unless a setting is predicted at least ``min_gain`` (a
+    count[, tokens of it drafted by n-gram lookup]) each), or plain decoding unless a setting is predicted at least ``min_gain`` (a
     fraction) faster. The margin matters: a head that drafts nothing costs a one-token verify plus
     a draft step per token, which equals plain decoding up to timing noise, since the two are
     measured separately."""
@@ -200,7 +205,7 @@ def choose_setting(cycles: Sequence[tuple[Sequence[float], int]], costs: CostMod
                           "(the cost model's verify lengths)")
     for t in thresholds:
         check_confidence(t)
-    short = min(len(s) for s, _ in cycles)
+    short = min(len(c[0]) for c in cycles)
     if short < max_draft_len:
         raise DecodeError(f"calibration cycles drafted {short} tokens, fewer than max_draft_len={max_draft_len}; "
                           "calibrate with a chain of max_draft_len and min_confidence=0")
@@ -222,11 +227,15 @@ def choose_setting(cycles: Sequence[tuple[Sequence[float], int]], costs: CostMod
                            best.predicted_speedup, candidates)
 
 
-def calibration_cycles(results: Sequence[DecodeResult]) -> list[tuple[list[float], int]]:
-    """(draft scores, accepted) per cycle of chain runs (tie-replay cycles included as run)."""
-    out = []
+def calibration_cycles(results: Sequence[DecodeResult]) -> list[tuple]:
+    """(draft scores, accepted[, tokens drafted by lookup]) per cycle of chain runs (tie-replay
+    cycles included as run)."""
+    out: list[tuple] = []
     for r in results:
-        out.extend(zip(r.draft_scores, r.accepted))
+        if r.lookup_drafted:
+            out.extend(zip(r.draft_scores, r.accepted, r.lookup_drafted))
+        else:
+            out.extend(zip(r.draft_scores, r.accepted))
     return out
 
 
@@ -245,24 +254,27 @@ class PlainDecoder:
 
 def tune(target: Any, head: DraftHead, calibration_ids: Sequence[Sequence[int]], *, max_draft_len: int = 6,
          max_new_tokens: int = 64, costs: CostModel | None = None,
-         thresholds: Sequence[float] = DEFAULT_THRESHOLDS) -> tuple[AdaptiveSetting, CostModel]:
+         thresholds: Sequence[float] = DEFAULT_THRESHOLDS, lookup_ngram: int = 0) -> tuple[AdaptiveSetting, CostModel]:
     """Measure costs (unless given), run a chain of ``max_draft_len`` without threshold on the
-    calibration prompts, and choose the setting (see the module docstring)."""
+    calibration prompts (n-gram lookup first when ``lookup_ngram > 0``), and choose the setting
+    (see the module docstring)."""
     if not calibration_ids:
         raise DecodeError("tune needs at least one calibration prompt")
     if costs is None:
         costs = measure_costs(target, head, max_draft_len)
     costs.check_fits(target, max_draft_len)
-    dec = SpeculativeDecoder(target, head, TreeSpec.chain(max_draft_len))
+    dec = SpeculativeDecoder(target, head, TreeSpec.chain(max_draft_len), lookup_ngram=lookup_ngram)
     runs = [dec.generate(ids, max_new_tokens) for ids in calibration_ids]
     return choose_setting(calibration_cycles(runs), costs, max_draft_len, thresholds), costs
 
 
-def adaptive_decoder(target: Any, head: DraftHead, setting: AdaptiveSetting) -> Any:
-    """The decoder a setting describes: plain decoding, or a thresholded chain."""
+def adaptive_decoder(target: Any, head: DraftHead, setting: AdaptiveSetting, lookup_ngram: int = 0) -> Any:
+    """The decoder a setting describes: plain decoding, or a thresholded chain (n-gram lookup
+    first when ``lookup_ngram > 0``, as it was tuned)."""
     if setting.plain:
         return PlainDecoder(target)
-    return SpeculativeDecoder(target, head, TreeSpec.chain(setting.draft_len), min_confidence=setting.min_confidence)
+    return SpeculativeDecoder(target, head, TreeSpec.chain(setting.draft_len), min_confidence=setting.min_confidence,
+                              lookup_ngram=lookup_ngram)
 
 
 __all__ = ["AdaptiveSetting", "CostModel", "DEFAULT_THRESHOLDS", "PlainDecoder", "adaptive_decoder",

@@ -55,6 +55,7 @@ from ..errors import DecodeError
 from .baselines import greedy_generate, hf_generate
 from .generation import DecodeResult, as_ids, check_decode_settings, eos_ids, finish_tokens, sample_token
 from .head import DraftHead
+from .lookup import NgramIndex, check_lookup_ngram
 from .target_runner import PackedLinears, TargetRunner, packing_available
 from .tree import DraftTree, TreeSpec, check_tree, make_tree, tree_mask
 
@@ -91,7 +92,8 @@ class SpeculativeDecoder:
     """
 
     def __init__(self, target: Any, head: DraftHead, tree: TreeSpec | None = None, *,
-                 tie_eps: float = DEFAULT_TIE_EPS, packed: bool | None = None, min_confidence: float = 0.0):
+                 tie_eps: float = DEFAULT_TIE_EPS, packed: bool | None = None, min_confidence: float = 0.0,
+                 lookup_ngram: int = 0):
         head.config.check_target(target)
         if not isinstance(tie_eps, (int, float)) or not tie_eps >= 0:
             raise DecodeError(f"tie_eps={tie_eps!r} must be a number >= 0 (0 = no near-tie re-check)")
@@ -100,6 +102,10 @@ class SpeculativeDecoder:
             raise DecodeError(f"packed={packed!r} must be True, False or None (= when the target allows it)")
         self.target, self.head = target, head.to(target.device).eval()
         self.tree = tree or TreeSpec.chain(4)
+        self.lookup_ngram = check_lookup_ngram(lookup_ngram)
+        if self.lookup_ngram and not self.tree.is_chain:
+            raise DecodeError(f"lookup_ngram={lookup_ngram} drafts a chain's first tokens; it needs a chain "
+                              f"(TreeSpec.chain(n)), not the tree {self.tree.describe()}")
         if self.tree.top_k > head.config.draft_vocab_size:
             raise DecodeError(f"top_k={self.tree.top_k} is larger than the draft vocabulary "
                               f"({head.config.draft_vocab_size} ids); use top_k <= {head.config.draft_vocab_size}")
@@ -130,15 +136,24 @@ class SpeculativeDecoder:
         self.draft_steps += 1
         return torch.log_softmax(st.logits[0, -1].float(), -1), st.hidden[0, -1]
 
-    def _draft_tree(self, root_logp: torch.Tensor, root_hidden: torch.Tensor, m: int) -> DraftTree:
+    def _draft_tree(self, root_logp: torch.Tensor, root_hidden: torch.Tensor, m: int,
+                    forced: list[int] | None = None) -> DraftTree:
         """EAGLE-2 dynamic tree: expand the top_k best nodes per level, score by cumulative log-prob,
-        keep the best ``total_tokens`` nodes (a set closed under parents)."""
+        keep the best ``total_tokens`` nodes (a set closed under parents). ``forced`` (a chain only):
+        the first tokens of the chain, proposed by n-gram lookup; they add 0 to the score (the
+        confidence threshold never cuts them) and the head drafts after them."""
         spec, head = self.tree, self.head
         k = spec.top_k
         dev = root_logp.device
+        forced = forced or []
+        if len(forced) >= spec.depth:  # lookup fills the whole chain: no head step needed
+            n = spec.depth
+            return DraftTree(forced[:n], list(range(-1, n - 1)), list(range(1, n + 1)), [0.0] * n)
         lp, di = root_logp.topk(k)
         tokens = self.d2t[di].tolist()
         parent, level, score = [-1] * k, [1] * k, lp.tolist()
+        if forced:
+            tokens, score = [forced[0]], [0.0]
         ancestors: list[set[int]] = [{i} for i in range(k)]
         src_hidden = [root_hidden] * k  # hidden of the step that predicted each node
         draft_id = di.tolist()
@@ -172,11 +187,15 @@ class SpeculativeDecoder:
             for qi, n in enumerate(frontier):
                 for j in range(k):
                     c = len(tokens)
-                    tokens.append(int(self.d2t[cdi[qi, j]]))
+                    if lev <= len(forced):  # a chain (k = 1) whose token at this level lookup proposed
+                        tokens.append(forced[lev - 1])
+                        score.append(score[n])
+                    else:
+                        tokens.append(int(self.d2t[cdi[qi, j]]))
+                        score.append(score[n] + float(clp[qi, j]))
                     draft_id.append(int(cdi[qi, j]))
                     parent.append(n)
                     level.append(lev)
-                    score.append(score[n] + float(clp[qi, j]))
                     ancestors.append(ancestors[n] | {c})
                     src_hidden.append(st.hidden[0, qi])
                     children.append(c)
@@ -241,7 +260,7 @@ class SpeculativeDecoder:
         runner = TargetRunner(self.target, self.head.config.layer_ids, self.packed)
         self.dk = self.dv = None
         self.draft_steps = 0
-        cycles, accepted, rechecks, scores = [], [], 0, []
+        cycles, accepted, rechecks, scores, lookup_drafted = [], [], 0, [], []
         try:
             n = len(ids)
             # the prefill exactly as HF computes it (its own causal masks, logits of the last row only)
@@ -251,10 +270,13 @@ class SpeculativeDecoder:
             # target features f_0..f_{n-1} and the tokens that follow them x_1..x_n
             pend_feats, pend_next, start = feats, torch.cat([ids[1:], torch.tensor([first], device=dev)]), 0
             seq = torch.cat([ids, torch.tensor([first], device=dev)])
+            index = NgramIndex(self.lookup_ngram, seq.tolist()) if self.lookup_ngram else None
             while not done:
                 m = len(seq) - 1  # root x_m; target cache covers 0..m-1
                 root_logp, root_h = self._draft_extend(pend_feats, pend_next, start)
-                tree = self._draft_tree(root_logp, root_h, m)
+                forced = index.draft(self.tree.depth) if index is not None else None
+                lookup_drafted.append(len(forced or []))
+                tree = self._draft_tree(root_logp, root_h, m, forced)
                 vids = torch.tensor([int(seq[-1])] + tree.tokens, device=dev)
                 vpos = m + torch.tensor([0] + tree.level, device=dev)
                 mask = None if self.tree.is_chain else tree_mask(tree, dev)  # a chain is plain causal order
@@ -277,6 +299,8 @@ class SpeculativeDecoder:
                 if self.tree.is_chain:
                     scores.append([round(x, 5) for x in tree.score])
                 seq = torch.cat([seq, torch.tensor(new_tokens, device=dev)])
+                if index is not None:
+                    index.extend(new_tokens)
                 pend_feats, pend_next, start = new_feats, torch.tensor(new_tokens, device=dev), m
             forwards = runner.forwards
         finally:
@@ -286,7 +310,7 @@ class SpeculativeDecoder:
                             time.perf_counter() - t0, forwards, cycles, accepted, self.draft_steps, rechecks,
                             prompt_tokens=len(ids),
                             stopped="eos" if produced and produced[-1] in self.eos else "max_new_tokens",
-                            draft_scores=scores)
+                            draft_scores=scores, lookup_drafted=lookup_drafted if self.lookup_ngram else [])
 
     def _tie_replay(self, runner: TargetRunner, logits: torch.Tensor, path: list[int], bonus: int,
                     vids: torch.Tensor, seq: torch.Tensor, n_prompt: int):

@@ -33,6 +33,7 @@ class DecodeResult:
     prompt_tokens: int = 0
     stopped: str = ""  # "eos" or "max_new_tokens"
     draft_scores: list[list[float]] = field(default_factory=list)  # chain only: cumulative draft log-probs per cycle
+    lookup_drafted: list[int] = field(default_factory=list)  # with lookup drafting: tokens lookup proposed per cycle
 
     @property
     def new_tokens(self) -> int:
