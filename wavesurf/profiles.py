@@ -76,7 +76,9 @@ PROFILES: dict[str, dict[str, Any]] = {
             # every head is scored alone (the layer question) and with n-gram lookup drafting first (what
             # runs fastest here: a small target's greedy answers repeat; wavesurf.drafter.lookup)
             "acceptance": {"draft_len": 4, "max_draft_len": 6, "n_boot": 2000, "lookup_ngram": 3},
-            "bench": {"n_prompts": 3, "max_new_tokens": 64, "mode": "auto", "draft_len": 4, "n_calibration": 2,
+            # 128 new tokens per turn: MT-bench answers run longer than 64, and a small model's repeats
+            # (what lookup drafts) start later in an answer
+            "bench": {"n_prompts": 3, "max_new_tokens": 128, "mode": "auto", "draft_len": 4, "n_calibration": 2,
                       "lookup_ngram": 3},
             "datasets": ["mt-bench", "humaneval"], "seeds": [0, 1],
             "methods": ["entropy", "aggregate", "cka", "combined"], "n_random": 2,
@@ -99,7 +101,7 @@ PROFILES: dict[str, dict[str, Any]] = {
             "train": {"train_tokens": 240_000, "ttt_steps": 3, "draft_vocab_size": 4096, "batch_tokens": 1024,
                       "lr": 1e-3, "warmup_steps": 10, "checkpoint_every": 100},
             "acceptance": {"draft_len": 4, "max_draft_len": 6, "n_boot": 2000, "lookup_ngram": 3},
-            "bench": {"n_prompts": 6, "max_new_tokens": 96, "mode": "auto", "draft_len": 5, "n_calibration": 2,
+            "bench": {"n_prompts": 6, "max_new_tokens": 128, "mode": "auto", "draft_len": 5, "n_calibration": 2,
                       "lookup_ngram": 3},
             "datasets": ["mt-bench", "humaneval"], "seeds": [0],
             "methods": ["entropy", "aggregate", "cka", "combined"], "n_random": 1,
