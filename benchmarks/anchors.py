@@ -7,7 +7,9 @@ dequantizes it to float32 for its own target) and a float32 GGUF made from that 
 dequantizing every tensor with the ``gguf`` package (cached under ``~/.cache/wavesurf/anchors``),
 each plain (greedy) and with llama.cpp's own prompt-lookup drafting
 (``llama_cpp.llama_speculative.LlamaPromptLookupDecoding``). With ``--drafter DIR`` a trained
-EAGLE-3 head runs too (our chain decoding, ``--draft-len``). Speedups are against HF greedy
+EAGLE-3 head runs too (our chain decoding, ``--draft-len``; ``--lookup-ngram 3`` drafts by n-gram
+lookup first and lets the head continue; ``--auto`` picks the chain length and confidence threshold
+from measured costs on 2 further prompts, as ``wavesurf bench --mode auto`` does). Speedups are against HF greedy
 ``generate`` with 95% bootstrap intervals over prompts, paired per prompt
 (``wavesurf.bench.speedup_interval``); "same as HF" counts outputs token-identical to HF greedy
 (quantized weights change the greedy path; that is not a bug of either). llama.cpp's extra buffer
@@ -90,6 +92,8 @@ def main() -> None:
     ap.add_argument("--lookup-tokens", type=int, default=4, help="draft tokens of the prompt-lookup methods")
     ap.add_argument("--drafter", default=None, help="a trained head directory (wavesurf train) to run too")
     ap.add_argument("--draft-len", type=int, default=4)
+    ap.add_argument("--lookup-ngram", type=int, default=0, help="with --drafter: n-gram lookup first (0 = the head alone)")
+    ap.add_argument("--auto", action="store_true", help="with --drafter: adaptive draft length tuned on 2 more prompts")
     ap.add_argument("--extra-bufts", action="store_true",
                     help="let llama.cpp repack weights into its extra buffer types (AMX / repacked Q4); off by "
                          "default because its AMX Q4_1 kernel segfaults on this machine (ggml_backend_amx_mul_mat)")
@@ -126,13 +130,22 @@ def main() -> None:
             draft = LlamaPromptLookupDecoding(num_pred_tokens=args.lookup_tokens) if lookup else None
             llms[name] = llama_cpp.Llama(model_path=str(path), n_ctx=2048, n_batch=512, n_threads=threads,
                                          n_threads_batch=threads, draft_model=draft, verbose=False, seed=0)
-    spec = None
+    spec, spec_name, setting = None, "", None
+    prompts = bench_prompts(args.dataset, args.n_prompts + 1 + (2 if args.auto else 0), target)
     if args.drafter:
+        from wavesurf.drafter.adaptive import adaptive_decoder, tune
         from wavesurf.drafter.head import load_head
         head, _ = load_head(args.drafter, target)
-        spec = SpeculativeDecoder(target, head, TreeSpec.chain(args.draft_len))
+        if args.auto:
+            calibration, prompts = prompts[args.n_prompts + 1:], prompts[:args.n_prompts + 1]
+            setting, _ = tune(target, head, [prompt_ids(target, p, []) for p in calibration], max_draft_len=args.draft_len,
+                              max_new_tokens=args.max_new_tokens, lookup_ngram=args.lookup_ngram)
+            spec = adaptive_decoder(target, head, setting, args.lookup_ngram)
+        else:
+            spec = SpeculativeDecoder(target, head, TreeSpec.chain(args.draft_len), lookup_ngram=args.lookup_ngram)
+        spec_name = (f"wavesurf EAGLE-3 {'auto <= ' if args.auto else 'chain '}{args.draft_len}"
+                     + (f" + lookup {args.lookup_ngram}" if args.lookup_ngram else ""))
 
-    prompts = bench_prompts(args.dataset, args.n_prompts + 1, target)
     rows: list[dict] = []
     same: dict[str, int] = {}
     for i, p in enumerate(prompts):
@@ -143,7 +156,7 @@ def main() -> None:
         runs["hf prompt lookup"] = (r.tokens, r.seconds)
         if spec is not None:
             r = spec.generate(ids, args.max_new_tokens)
-            runs[f"wavesurf EAGLE-3 chain {args.draft_len}"] = (r.tokens, r.seconds)
+            runs[spec_name] = (r.tokens, r.seconds)
         for name, llm in llms.items():
             runs[name] = llama_cpp_run(llm, [int(t) for t in ids], args.max_new_tokens, eos)
         again = hf_generate(target, ids, args.max_new_tokens)  # timed again after the others
@@ -157,7 +170,8 @@ def main() -> None:
     out = {"model": target.name, "threads": threads, "llama_cpp_extra_bufts": args.extra_bufts, "load_1min": round(os.getloadavg()[0], 2),
            "dataset": args.dataset, "prompts": args.n_prompts, "max_new_tokens": args.max_new_tokens,
            "llama_cpp_python": llama_cpp.__version__, "torch": torch.__version__,
-           "hf_tokens_per_second": round(sum(base) / len(base), 2), "methods": {}}
+           "hf_tokens_per_second": round(sum(base) / len(base), 2),
+           "adaptive_choice": setting.describe() if setting is not None else None, "methods": {}}
     for name in same:
         tps = [r["tokens_per_second"] for r in rows if r["method"] == name]
         ci = speedup_interval(rows, name) if name != "hf_generate" else None
