@@ -72,11 +72,22 @@ HTML(plots.html_table(
     floatfmt=".3f"))
 
 # %% tags=["hide-input"]
-fig, axes = plt.subplots(1, 2, figsize=(11, 0.3 * len(table.summary) + 1.6), sharey=True)
-plots.plot_tau_intervals(table.summary, axes[0], axes[1])
+head_rows = [r for r in table.summary if r["layer_set"] != "lookup"]  # lookup alone is in the next figure
+fig, axes = plt.subplots(1, 2, figsize=(11, 0.3 * len(head_rows) + 1.6), sharey=True)
+plots.plot_tau_intervals(head_rows, axes[0], axes[1])
 fig.tight_layout()
 plots.save_figure(fig, "figures/06_speed_table.png")
 glue("fig_speed", fig, display=False)
+plt.close(fig)
+
+lookup_rows = table.lookup_rows()
+fig, axes = plt.subplots(1, 2, figsize=(11, 0.3 * max(len(lookup_rows), 1) + 1.6), sharey=True)
+if lookup_rows:
+    plots.plot_tau_intervals(lookup_rows, axes[0], axes[1])
+    axes[0].set_xlabel(f"offline τ at draft length {table.info['draft_len']}, n-gram lookup first (tokens per target forward)")
+fig.tight_layout()
+plots.save_figure(fig, "figures/06_speed_table_lookup.png")
+glue("fig_speed_lookup", fig, display=False)
 plt.close(fig)
 
 fig, ax = plt.subplots(figsize=(5.2, 3.4))
@@ -153,8 +164,14 @@ glue("n_runs", sum(int(r["prompts"] or 0) for r in table.timed), display=False)
 # {glue:text}`n_seeds` training seeds, 95% bootstrap interval over held-out sequences) and its paired
 # difference to the default set (right). **What to see:** a set beats the default only if its
 # right-hand interval lies entirely right of the dashed zero line (green); grey intervals cross it.
-# The two floors need no target features at all: a bigram table, and n-gram lookup over the
-# conversation so far (a small model's greedy answers repeat themselves, so copying goes far).
+# The bigram floor needs no target features at all.
+# ```
+#
+# ```{glue:figure} fig_speed_lookup
+# The same heads drafting after n-gram lookup (what the timed runs decode with): τ per layer set
+# (left) and its paired difference to the default set's heads drafting the same way (right); the
+# last row is lookup alone. **What to see:** how far copying alone goes on a small model's
+# repetitive answers, what the head adds to it, and whether the layer set still matters there.
 # ```
 #
 # {glue:text}`n_drafters` drafters ({glue:text}`n_sets` layer sets x {glue:text}`n_seeds` seeds), each

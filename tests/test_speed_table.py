@@ -56,6 +56,11 @@ def test_run_speed_table_trains_each_set_and_seed_once(smollm):
     assert table.info["lookup_ngram"] == 3 and d["lookup_diff"] == 0.0
     assert d["lookup_tau_lo"] <= d["lookup_tau"] <= d["lookup_tau_hi"]
     assert all(r["lookup_tau_1"] <= r["lookup_tau_3"] for r in table.rows)
+    view = table.lookup_rows()  # the figure's rows: each set after lookup, then lookup alone
+    assert [r["layer_set"] for r in view] == ["default", "last-1", "lookup"]
+    assert view[0]["verdict"] == "reference" and view[0]["tau"] == d["lookup_tau"]
+    assert view[-1]["diff"] == -table.info["head_over_lookup"]["diff"]
+    assert "over lookup alone" in table.lookup_verdict
     last = summary["last-1"]
     assert last["diff_lo"] <= last["diff"] <= last["diff_hi"] and last["verdict"] in ("better", "worse", "within noise")
     assert "the default [2 15 27]" in table.verdict or "the default" in table.verdict

@@ -285,7 +285,7 @@ def plot_tau_intervals(summary: Sequence[dict[str, Any]], ax_tau: Any = None, ax
     ax_diff.axvline(0.0, color="black", lw=0.8, ls="--")
     ax_diff.set_xlabel("paired difference to the default set (τ)")
     handles = [plt.Line2D([], [], color=c, marker="o", ls="", label=v) for v, c in colours.items()]
-    ax_diff.legend(handles=handles, fontsize=7, loc="lower right")
+    ax_diff.legend(handles=handles, fontsize=7, loc="best")
     return ax_tau, ax_diff
 
 

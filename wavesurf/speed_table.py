@@ -238,6 +238,23 @@ class SpeedTable:
     def verdict(self) -> str:
         return verdict_sentence(self.summary, self.info)
 
+    def lookup_rows(self) -> list[dict[str, Any]]:
+        """The summary as seen drafting with n-gram lookup first: per layer set its ``lookup_*``
+        columns under the plain names (``tau``, ``diff``, ``verdict``, ...), plus lookup alone as
+        the floor (its paired difference to the default set's heads after lookup); [] when the
+        table was made without lookup."""
+        over = self.info.get("head_over_lookup")
+        if not over:
+            return []
+        keys = ("tau", "tau_lo", "tau_hi", "diff", "diff_lo", "diff_hi", "diff_seed_min", "diff_seed_max", "verdict")
+        rows = [{**{k: r[k] for k in ("layer_set", "group", "layer_ids", "draft_len")},
+                 **{k: r["lookup_" + k] for k in keys}} for r in self.summary if "lookup_tau" in r]
+        floor = self.row("lookup")
+        diff = {"diff": -over["diff"], "diff_lo": -over["diff_hi"], "diff_hi": -over["diff_lo"]}
+        rows.append({**{k: floor[k] for k in ("layer_set", "group", "layer_ids", "draft_len", "tau", "tau_lo", "tau_hi")},
+                     **diff, "verdict": classify({**diff, "diff_seed_min": diff["diff"], "diff_seed_max": diff["diff"]})})
+        return rows
+
     @property
     def lookup_verdict(self) -> str:
         """One sentence on the heads drafting after n-gram lookup (empty when they were not scored)."""
@@ -305,7 +322,9 @@ def lookup_sentence(summary: Sequence[dict[str, Any]], info: dict[str, Any]) -> 
     fmt = f"{top['layer_set']} ({top['lookup_diff']:+.3f}, {level}% CI {top['lookup_diff_lo']:+.3f} to {top['lookup_diff_hi']:+.3f})"
     if beyond:
         names = ", ".join(f"{r['layer_set']} ({r['lookup_diff']:+.3f})" for r in beyond)
-        return text + f"; drafting this way, {len(beyond)} of {len(others)} sets differ from the default beyond their interval: {names}."
+        verb = "set differs" if len(beyond) == 1 else "sets differ"
+        return text + (f"; drafting this way, {len(beyond)} of {len(others)} {verb} from the default beyond the "
+                       f"{level}% interval: {names}.")
     return text + f"; drafting this way no set differs from the default beyond its interval (largest: {fmt})."
 
 
@@ -461,8 +480,9 @@ def _lookup_columns(runs: list[Any], base_runs: list[Any], acc_cfg: dict) -> dic
     from .drafter.acceptance import bootstrap_tau
 
     ci = bootstrap_tau(runs, acc_cfg["draft_len"], baseline=base_runs, n_boot=acc_cfg["n_boot"], level=acc_cfg["level"])
-    return {"lookup_" + k: round(v, 5) for k, v in ci.items() if k in ("tau", "tau_lo", "tau_hi", "diff", "diff_lo",
-                                                                       "diff_hi")}
+    out = {"lookup_" + k: round(v, 5) for k, v in ci.items() if k != "tau_seed_std"}
+    out["lookup_verdict"] = "reference" if runs is base_runs else classify(ci)
+    return out
 
 
 def _setting_columns(summary: dict) -> dict[str, Any]:
