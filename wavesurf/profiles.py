@@ -85,11 +85,11 @@ PROFILES: dict[str, dict[str, Any]] = {
             "curve_fractions": [0.25, 0.5],
         },
         # minutes per notebook of an empty-cache run on the 2-core reference machine (2026-12-04,
-        # fresh clone, 33 min 23 s in all with setup); only the progress line's ETA reads them
+        # fresh clone of d2957d1, 35 min 29 s in all with setup); only the progress line's ETA reads them
         "reference_minutes": {"smollm2-135m": {
-            "01_entropy_compartments": 4.16, "02_cka_dynamics": 0.1, "03_aggregate_entropy": 0.15,
-            "04_token_filtering": 0.11, "04b_filtering_drafters": 27.3, "05_layer_selection": 0.15,
-            "06_speed_table": 0.21, "07_cross_model": 0.13}},
+            "01_entropy_compartments": 4.07, "02_cka_dynamics": 0.08, "03_aggregate_entropy": 0.13,
+            "04_token_filtering": 0.1, "04b_filtering_drafters": 29.6, "05_layer_selection": 0.13,
+            "06_speed_table": 0.22, "07_cross_model": 0.12}},
     },
     "long": {
         "description": "the default analysis with drafters trained ~4x longer on ~3x more of the target's answers (<= 2 h)",
