@@ -134,12 +134,9 @@ class BenchSettings:
                 raise BenchError(f"tree={self.tree!r} must be a TreeSpec (TreeSpec.chain(4), make_tree('tree', ...)) or None")
             if self.auto:
                 raise BenchError("tree=... and mode='auto' exclude each other: 'auto' chooses a chain length up to draft_len")
-        if not is_int(self.lookup_ngram, 0, 8):
-            raise BenchError(f"lookup_ngram={self.lookup_ngram!r} must be an integer in 0..8 (0 = the head alone)")
-        self.shape()  # a tree that cannot be built fails here
-        if self.lookup_ngram and not self.shape().is_chain:
-            raise BenchError(f"lookup_ngram={self.lookup_ngram} drafts a chain's first tokens; use mode 'chain' or "
-                             "'auto', or lookup_ngram=0 with a tree")
+        from .drafter.lookup import check_lookup_ngram
+
+        check_lookup_ngram(self.lookup_ngram, tree=self.shape(), error=BenchError)  # a tree that cannot be built fails here
 
     def shape(self) -> Any:
         """The :class:`~wavesurf.drafter.tree.TreeSpec` decoded with (mode 'auto': the longest chain tried)."""

@@ -167,9 +167,9 @@ class SpeedTableSettings:
         if bad:
             raise WavesurfError(f"unknown acceptance settings {bad}; allowed: draft_len, max_draft_len, n_boot, level, "
                                 "lookup_ngram")
-        n = self.acceptance.get("lookup_ngram", 0)
-        if not is_int(n, 0, 8):
-            raise WavesurfError(f"acceptance lookup_ngram={n!r} must be an integer in 0..8 (0 = the head alone)")
+        from .drafter.lookup import check_lookup_ngram
+
+        check_lookup_ngram(self.acceptance.get("lookup_ngram", 0), name="acceptance lookup_ngram", error=WavesurfError)
         for f in self.curve_fractions:
             if not 0 < f < 1:
                 raise WavesurfError(f"curve fraction {f!r} must be in (0, 1)")
@@ -419,7 +419,8 @@ def run_speed_table(target: Any, sets: Sequence[LayerSet], settings: SpeedTableS
     for s in sets:
         summary.append(_summary_row(s.name, s.group, s.aliases, s.layer_ids, runs[s.name], base_runs, acc_cfg))
         if s.name in lookup_runs_by_set:
-            summary[-1].update(_lookup_columns(lookup_runs_by_set[s.name], lookup_runs_by_set[default.name], acc_cfg))
+            summary[-1].update(_lookup_columns(lookup_runs_by_set[s.name], lookup_runs_by_set[default.name], acc_cfg,
+                                               reference=s.group == "default"))
     floor_runs = [floor] * len(base_runs)  # deterministic: the same floor paired with every seed
     summary.append(_summary_row("bigram", "floor", [], [], floor_runs, base_runs, acc_cfg))
     lookup = lookup_acceptance(target, held_store, max_draft_len=acc_cfg["max_draft_len"], progress=progress)
@@ -474,14 +475,14 @@ def _summary_row(name: str, group: str, aliases: Sequence[str], layer_ids: Seque
     return row
 
 
-def _lookup_columns(runs: list[Any], base_runs: list[Any], acc_cfg: dict) -> dict[str, Any]:
+def _lookup_columns(runs: list[Any], base_runs: list[Any], acc_cfg: dict, reference: bool) -> dict[str, Any]:
     """tau of a set's heads drafting with n-gram lookup first, with its interval, and the paired
     difference to the default set's heads drafting the same way."""
     from .drafter.acceptance import bootstrap_tau
 
     ci = bootstrap_tau(runs, acc_cfg["draft_len"], baseline=base_runs, n_boot=acc_cfg["n_boot"], level=acc_cfg["level"])
     out = {"lookup_" + k: round(v, 5) for k, v in ci.items() if k != "tau_seed_std"}
-    out["lookup_verdict"] = "reference" if runs is base_runs else classify(ci)
+    out["lookup_verdict"] = "reference" if reference else classify(ci)
     return out
 
 

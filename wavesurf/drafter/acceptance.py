@@ -38,7 +38,7 @@ from .._version import __version__
 from ..cache import atomic_directory, cache_root, params_key, verify_directory, write_manifest
 from .features import FeatureStore
 from .head import DraftHead
-from .lookup import lookup_drafts
+from .lookup import check_lookup_ngram, lookup_drafts
 
 ACCEPTANCE_FORMAT = 1
 #: draft lengths scored by default (chain decoding with 1..6 drafted tokens per cycle)
@@ -330,8 +330,7 @@ def offline_acceptance(
     from ..bench import head_fingerprint
 
     max_draft_len = check_max_draft_len(max_draft_len)
-    if not is_int(lookup_ngram, 0, 8):
-        raise AcceptanceError(f"lookup_ngram={lookup_ngram!r} must be an integer in 0..8 (0 = the head alone)")
+    check_lookup_ngram(lookup_ngram, error=AcceptanceError)
     head.config.check_target(target)
     _check_store(store, target, head.config.layer_ids)
     head = head.to(target.device).eval()

@@ -102,10 +102,7 @@ class SpeculativeDecoder:
             raise DecodeError(f"packed={packed!r} must be True, False or None (= when the target allows it)")
         self.target, self.head = target, head.to(target.device).eval()
         self.tree = tree or TreeSpec.chain(4)
-        self.lookup_ngram = check_lookup_ngram(lookup_ngram)
-        if self.lookup_ngram and not self.tree.is_chain:
-            raise DecodeError(f"lookup_ngram={lookup_ngram} drafts a chain's first tokens; it needs a chain "
-                              f"(TreeSpec.chain(n)), not the tree {self.tree.describe()}")
+        self.lookup_ngram = check_lookup_ngram(lookup_ngram, tree=self.tree)
         if self.tree.top_k > head.config.draft_vocab_size:
             raise DecodeError(f"top_k={self.tree.top_k} is larger than the draft vocabulary "
                               f"({head.config.draft_vocab_size} ids); use top_k <= {head.config.draft_vocab_size}")
@@ -275,7 +272,8 @@ class SpeculativeDecoder:
                 m = len(seq) - 1  # root x_m; target cache covers 0..m-1
                 root_logp, root_h = self._draft_extend(pend_feats, pend_next, start)
                 forced = index.draft(self.tree.depth) if index is not None else None
-                lookup_drafted.append(len(forced or []))
+                if forced is not None:
+                    lookup_drafted.append(len(forced))
                 tree = self._draft_tree(root_logp, root_h, m, forced)
                 vids = torch.tensor([int(seq[-1])] + tree.tokens, device=dev)
                 vpos = m + torch.tensor([0] + tree.level, device=dev)
@@ -310,7 +308,7 @@ class SpeculativeDecoder:
                             time.perf_counter() - t0, forwards, cycles, accepted, self.draft_steps, rechecks,
                             prompt_tokens=len(ids),
                             stopped="eos" if produced and produced[-1] in self.eos else "max_new_tokens",
-                            draft_scores=scores, lookup_drafted=lookup_drafted if self.lookup_ngram else [])
+                            draft_scores=scores, lookup_drafted=lookup_drafted)
 
     def _tie_replay(self, runner: TargetRunner, logits: torch.Tensor, path: list[int], bonus: int,
                     vids: torch.Tensor, seq: torch.Tensor, n_prompt: int):

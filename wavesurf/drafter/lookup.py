@@ -21,6 +21,8 @@ from ..errors import DecodeError, is_int
 
 #: the longest n-gram matched by default (prompt lookup's usual setting)
 DEFAULT_LOOKUP_NGRAM = 3
+#: the longest n-gram a setting may ask for
+MAX_LOOKUP_NGRAM = 8
 #: a match of n tokens proposes at most this many tokens per matched token. Short matches are
 #: weak evidence: on SmolLM2-135M's greedy MT-bench answers the first proposed token was right
 #: 17% of the time after a 1-token match, 38% after 2 and 81% after 3, so long drafts after short
@@ -29,12 +31,18 @@ DEFAULT_LOOKUP_NGRAM = 3
 DEFAULT_PER_MATCH = 2
 
 
-def check_lookup_ngram(lookup_ngram: Any, *, allow_zero: bool = True) -> int:
-    """Refuse an n-gram length that is not an integer in 0..8 (0 = no lookup drafting)."""
+def check_lookup_ngram(lookup_ngram: Any, *, allow_zero: bool = True, tree: Any = None, name: str = "lookup_ngram",
+                       error: type[Exception] = DecodeError) -> int:
+    """Refuse an n-gram length that is not an integer in 0..:data:`MAX_LOOKUP_NGRAM` (0 = no lookup
+    drafting), and lookup drafting with a ``tree`` (a :class:`~wavesurf.drafter.tree.TreeSpec`)
+    that is not a chain; ``name`` and ``error`` are how the caller's setting and refusal are called."""
     lo = 0 if allow_zero else 1
-    if not is_int(lookup_ngram, lo, 8):
-        raise DecodeError(f"lookup_ngram={lookup_ngram!r} must be an integer in {lo}..8: the longest context "
-                          "suffix matched by n-gram lookup drafting" + (" (0 = no lookup)" if allow_zero else ""))
+    if not is_int(lookup_ngram, lo, MAX_LOOKUP_NGRAM):
+        raise error(f"{name}={lookup_ngram!r} must be an integer in {lo}..{MAX_LOOKUP_NGRAM}: the longest context "
+                    "suffix matched by n-gram lookup drafting" + (" (0 = no lookup, the head alone)" if allow_zero else ""))
+    if lookup_ngram and tree is not None and not tree.is_chain:
+        raise error(f"{name}={lookup_ngram} drafts a chain's first tokens; it needs a chain (mode 'chain' or 'auto', "
+                    f"TreeSpec.chain(n)), not the tree {tree.describe()}; or set {name}=0")
     return int(lookup_ngram)
 
 
@@ -86,4 +94,4 @@ def lookup_drafts(tokens: Iterable[int], max_draft_len: int, max_ngram: int = DE
     return out
 
 
-__all__ = ["DEFAULT_LOOKUP_NGRAM", "DEFAULT_PER_MATCH", "NgramIndex", "check_lookup_ngram", "lookup_drafts"]
+__all__ = ["DEFAULT_LOOKUP_NGRAM", "DEFAULT_PER_MATCH", "MAX_LOOKUP_NGRAM", "NgramIndex", "check_lookup_ngram", "lookup_drafts"]
