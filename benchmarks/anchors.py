@@ -82,7 +82,7 @@ def main() -> None:
     from wavesurf.bench import bench_prompts, prompt_ids, speedup_interval
     from wavesurf.drafter.decode import SpeculativeDecoder, TreeSpec, hf_generate
     from wavesurf.drafter.generation import eos_ids
-    from wavesurf.models import configure_torch, load_target
+    from wavesurf.models import configure_torch, load_target, processor_name
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2-135m", choices=sorted(EMBEDDED_MODELS))
@@ -94,6 +94,7 @@ def main() -> None:
     ap.add_argument("--draft-len", type=int, default=4)
     ap.add_argument("--lookup-ngram", type=int, default=0, help="with --drafter: n-gram lookup first (0 = the head alone)")
     ap.add_argument("--auto", action="store_true", help="with --drafter: adaptive draft length tuned on 2 more prompts")
+    ap.add_argument("--no-guard", action="store_true", help="with --auto: no run-time pause of a losing head")
     ap.add_argument("--extra-bufts", action="store_true",
                     help="let llama.cpp repack weights into its extra buffer types (AMX / repacked Q4); off by "
                          "default because its AMX Q4_1 kernel segfaults on this machine (ggml_backend_amx_mul_mat)")
@@ -138,9 +139,9 @@ def main() -> None:
         head, _ = load_head(args.drafter, target)
         if args.auto:
             calibration, prompts = prompts[args.n_prompts + 1:], prompts[:args.n_prompts + 1]
-            setting, _ = tune(target, head, [prompt_ids(target, p, []) for p in calibration], max_draft_len=args.draft_len,
-                              max_new_tokens=args.max_new_tokens, lookup_ngram=args.lookup_ngram)
-            spec = adaptive_decoder(target, head, setting, args.lookup_ngram)
+            setting, costs = tune(target, head, [prompt_ids(target, p, []) for p in calibration], max_draft_len=args.draft_len,
+                                  max_new_tokens=args.max_new_tokens, lookup_ngram=args.lookup_ngram)
+            spec = adaptive_decoder(target, head, setting, args.lookup_ngram, costs=None if args.no_guard else costs)
         else:
             spec = SpeculativeDecoder(target, head, TreeSpec.chain(args.draft_len), lookup_ngram=args.lookup_ngram)
         spec_name = (f"wavesurf EAGLE-3 {'auto <= ' if args.auto else 'chain '}{args.draft_len}"
@@ -167,7 +168,7 @@ def main() -> None:
             rows.append({"prompt_id": i, "method": name, "tokens_per_second": len(toks) / secs})
             same[name] = same.get(name, 0) + (toks == ref.tokens)
     base = [r["tokens_per_second"] for r in rows if r["method"] == "hf_generate"]
-    out = {"model": target.name, "threads": threads, "llama_cpp_extra_bufts": args.extra_bufts, "load_1min": round(os.getloadavg()[0], 2),
+    out = {"model": target.name, "processor": processor_name(), "threads": threads, "llama_cpp_extra_bufts": args.extra_bufts, "load_1min": round(os.getloadavg()[0], 2),
            "dataset": args.dataset, "prompts": args.n_prompts, "max_new_tokens": args.max_new_tokens,
            "llama_cpp_python": llama_cpp.__version__, "torch": torch.__version__,
            "hf_tokens_per_second": round(sum(base) / len(base), 2),

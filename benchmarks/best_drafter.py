@@ -40,7 +40,7 @@ def main() -> None:
     from wavesurf.drafter.features import FeatureSettings, build_feature_store
     from wavesurf.drafter.head import load_head
     from wavesurf.drafter.train import TrainSettings, train_drafter
-    from wavesurf.models import configure_torch, load_target
+    from wavesurf.models import configure_torch, load_target, processor_name
 
     configure_torch()
     import torch
@@ -55,7 +55,7 @@ def main() -> None:
                              checkpoint_every=100)
     result = train_drafter(target, store, ids, settings)
     head, _ = load_head(result.out_dir, target)
-    out = {"model": target.name, "layer_ids": ids, "machine": platform.machine(), "threads": torch.get_num_threads(),
+    out = {"model": target.name, "layer_ids": ids, "processor": processor_name(), "machine": platform.machine(), "threads": torch.get_num_threads(),
            "store_tokens": store.tokens, "store_seconds_this_run": round(store_seconds, 1),
            "train": {"train_tokens": result.train_tokens, "steps": result.steps, "seconds": round(result.seconds, 1),
                      "tokens_per_second": round(result.tokens_per_second, 1), "ttt_steps": args.ttt_steps,

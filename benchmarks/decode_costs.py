@@ -24,7 +24,7 @@ def main() -> None:
     from wavesurf.drafter.adaptive import median_seconds as _time
     from wavesurf.drafter.decode import TreeSpec, TargetRunner
     from wavesurf.drafter.head import DraftConfig, DraftHead, init_head
-    from wavesurf.models import configure_torch, load_target
+    from wavesurf.models import configure_torch, load_target, processor_name
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2-135m")
@@ -35,7 +35,7 @@ def main() -> None:
     target = load_target(args.model, device="cpu")
     model = target.model
     ctx = torch.randint(100, 5000, (args.context,))
-    res: dict = {"model": target.name, "threads": torch.get_num_threads(), "context": args.context}
+    res: dict = {"model": target.name, "processor": processor_name(), "threads": torch.get_num_threads(), "context": args.context}
 
     with torch.inference_mode():
         def hf_step():

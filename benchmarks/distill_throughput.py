@@ -35,7 +35,7 @@ def main() -> None:
     from wavesurf.data import load_corpus
     from wavesurf.distill import generate_batch, prompt_ids
     from wavesurf.drafter.decode import eos_ids
-    from wavesurf.models import configure_torch, load_target
+    from wavesurf.models import configure_torch, load_target, processor_name
 
     configure_torch()
     target = load_target(args.model, device="cpu")
@@ -75,7 +75,7 @@ def main() -> None:
                      "equal_to_batch1_with_redecode": sum(a.ids == b.ids for a, b in zip(fixed, alone)),
                      "redecoded": sum(a.redecoded for a in fixed),
                      "smallest_top2_gap": float(f"{min(a.min_gap for a in raw):.3g}")})
-    print(json.dumps({"model": target.name, "threads": torch.get_num_threads(), "max_new_tokens": args.new,
+    print(json.dumps({"model": target.name, "processor": processor_name(), "threads": torch.get_num_threads(), "max_new_tokens": args.new,
                       "prompt_tokens": [min(map(len, prompts)), max(map(len, prompts))],
                       "load_average_1min": round(os.getloadavg()[0], 2), "rows": rows}, indent=2))
     for r in rows:

@@ -8,6 +8,9 @@ Drafters: ``untrained`` (default; a deterministic untrained head, drafts are rej
 decision is read from a multi-token verify forward), ``oracle`` (:mod:`wavesurf.drafter.oracle`, ranking HF's own
 continuation first or second: long accepted paths and
 non-contiguous cache rows), or a drafter directory (``save_head`` output; needs one --targets).
+``--lookup-ngram 3`` drafts each chain's first tokens by n-gram lookup; ``--guard`` runs the
+run-time guard (:mod:`wavesurf.drafter.guard`) on costs measured on each target, with a window of
+2 cycles and pauses from 4 tokens, so that a losing head pauses and resumes often.
 
     WAVESURF_THREADS=1 OMP_NUM_THREADS=1 python benchmarks/lossless.py --n-per-dataset 34
 """
@@ -25,8 +28,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 def main() -> None:
     from wavesurf.bench import bench_prompts, prompt_ids, untrained_head
     from wavesurf.drafter.decode import DEFAULT_TIE_EPS, SpeculativeDecoder, hf_generate, make_tree
+    from wavesurf.drafter.guard import DraftGuard
     from wavesurf.drafter.head import load_head
-    from wavesurf.models import configure_torch, load_target
+    from wavesurf.models import configure_torch, load_target, processor_name
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--targets", default="smollm2-135m,gemma3-270m")
@@ -42,22 +46,31 @@ def main() -> None:
     ap.add_argument("--drafter", default="untrained", help="untrained, oracle, or a drafter directory")
     ap.add_argument("--min-confidence", type=float, default=0.0, help="stop drafting below this path probability")
     ap.add_argument("--no-packed", action="store_true", help="verify with HF's plain linear kernels")
+    ap.add_argument("--lookup-ngram", type=int, default=0, help="chain: n-gram lookup first (0 = the head alone)")
+    ap.add_argument("--guard", action="store_true", help="chain: the run-time guard, window 2, pauses from 4 tokens")
     args = ap.parse_args()
     configure_torch()
     tree = make_tree(args.mode, draft_len=args.draft_len, depth=args.depth, top_k=args.top_k,
                      total_tokens=args.total_tokens)
     import torch
 
-    report: dict = {"settings": {**vars(args), "tree": tree.describe(), "threads": torch.get_num_threads()},
+    report: dict = {"settings": {**vars(args), "tree": tree.describe(), "processor": processor_name(), "threads": torch.get_num_threads()},
                     "targets": {}}
     total = same = 0
     t0 = time.perf_counter()
     for name in args.targets.split(","):
         target = load_target(name, device="cpu")
         per: dict = {}
+        costs = None
+        if args.guard:
+            from wavesurf.drafter.adaptive import measure_costs
+
+            costs = measure_costs(target, untrained_head(target), tree.depth)
+            report.setdefault("costs", {})[name] = costs.describe()
         for ds in args.datasets.split(","):
             prompts = bench_prompts(ds, args.n_per_dataset, target, max_prompt_tokens=384)
-            stats = {"prompts": 0, "identical": 0, "tie_rechecks": 0, "mean_tau": 0.0, "mismatches": []}
+            stats = {"prompts": 0, "identical": 0, "tie_rechecks": 0, "paused_tokens": 0, "mean_tau": 0.0,
+                     "mismatches": []}
             for p in prompts:
                 ids = prompt_ids(target, p, [])
                 ref = hf_generate(target, ids, args.max_new_tokens).tokens
@@ -69,10 +82,13 @@ def main() -> None:
                     head = OracleHead(target, list(map(int, ids)) + ref, miss_every=3)
                 else:
                     head, _ = load_head(args.drafter, target)
+                guard = DraftGuard(costs, window=2, pause=4) if costs is not None else None
                 got = SpeculativeDecoder(target, head, tree, tie_eps=args.tie_eps, packed=False if args.no_packed else None,
-                                         min_confidence=args.min_confidence).generate(ids, args.max_new_tokens)
+                                         min_confidence=args.min_confidence, lookup_ngram=args.lookup_ngram,
+                                         guard=guard).generate(ids, args.max_new_tokens)
                 stats["prompts"] += 1
                 stats["tie_rechecks"] += got.tie_rechecks
+                stats["paused_tokens"] += got.paused_tokens
                 stats["mean_tau"] += got.tau / len(prompts)
                 if got.tokens == ref:
                     stats["identical"] += 1

@@ -26,7 +26,7 @@ def main() -> None:
 
     from wavesurf.bench import bench_prompts, prompt_ids, speedup_interval
     from wavesurf.drafter.decode import hf_generate, speculative_generate
-    from wavesurf.models import configure_torch, load_target
+    from wavesurf.models import configure_torch, load_target, processor_name
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2-135m")
@@ -59,7 +59,7 @@ def main() -> None:
             tps.setdefault(name, []).append(r.tokens_per_second)
             taus.setdefault(name, []).append(r.tau)
     base = sum(tps["hf_generate"]) / len(tps["hf_generate"])
-    out = {"model": target.name, "threads": torch.get_num_threads(), "load_1min": round(os.getloadavg()[0], 2),
+    out = {"model": target.name, "processor": processor_name(), "threads": torch.get_num_threads(), "load_1min": round(os.getloadavg()[0], 2),
            "prompts": args.n_prompts, "max_new_tokens": args.max_new_tokens,
            "miss_every": args.miss_every, "hf_tokens_per_second": round(base, 2),
            "shapes": {n: {"tau": round(sum(taus[n]) / len(taus[n]), 2),

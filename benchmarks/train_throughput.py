@@ -37,7 +37,7 @@ def main() -> None:
 
     from wavesurf.drafter.features import build_feature_store
     from wavesurf.drafter.train import TrainSettings, train_drafter
-    from wavesurf.models import configure_torch, load_target
+    from wavesurf.models import configure_torch, load_target, processor_name
 
     configure_torch()
     target = load_target(args.model, device="cpu")
@@ -72,7 +72,7 @@ def main() -> None:
                              "ms_per_step": round(1000 * (timed["t1"] - timed["t0"]) / args.steps, 1)})
                 print(json.dumps(rows[-1]), flush=True)
         print(json.dumps({
-            "model": target.name, "layers": layers, "threads": torch.get_num_threads(),
+            "model": target.name, "processor": processor_name(), "layers": layers, "threads": torch.get_num_threads(),
             "store_tokens": store.tokens, "store_build_tok_per_s": round(build_tps, 1),
             "store_bytes_per_token": round(store.bytes_per_token, 1), "batch_tokens": args.batch_tokens,
             "timed_steps": args.steps, "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),

@@ -82,7 +82,7 @@ def main() -> None:
 
     from wavesurf.drafter.target_runner import PackedLinears, TargetRunner, packing_available
     from wavesurf.drafter.head import DraftConfig, DraftHead, init_head
-    from wavesurf.models import load_target
+    from wavesurf.models import load_target, processor_name
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2-135m")
@@ -96,7 +96,7 @@ def main() -> None:
     torch.manual_seed(0)
     ctx = torch.randint(100, 5000, (args.context,))
     head = init_head(DraftHead(DraftConfig.for_target(target, target.default_layer_ids(), min(32000, target.vocab_size))))
-    report: dict = {"model": target.name, "context": args.context, "load_1min": round(os.getloadavg()[0], 2),
+    report: dict = {"model": target.name, "processor": processor_name(), "context": args.context, "load_1min": round(os.getloadavg()[0], 2),
                     "cpus": os.cpu_count(), "results": {}}
 
     for threads in args.threads:

@@ -37,7 +37,7 @@ from .errors import BenchError, DatasetError, is_int
 BENCH_DATASETS = ("mt-bench", "humaneval", "sharegpt")
 METHODS = ("hf_generate", "plain", "hf_prompt_lookup", "eagle3")
 ROW_FIELDS = ("prompt_id", "dataset", "method", "turns", "prompt_tokens", "new_tokens", "target_forwards",
-              "tau", "mean_accepted", "tie_rechecks", "seconds", "tokens_per_second", "lossless")
+              "tau", "mean_accepted", "tie_rechecks", "paused_tokens", "seconds", "tokens_per_second", "lossless")
 
 
 
@@ -72,7 +72,9 @@ class BenchSettings:
     reference of speedup and losslessness, always runs). ``split_seed``: the ShareGPT split.
     ``lookup_ngram``: n > 0 drafts each chain's first tokens by n-gram lookup over the context
     (suffixes of up to n tokens; :mod:`wavesurf.drafter.lookup`) and lets the head continue after
-    them; 0 = the head alone. Chains only (modes 'chain' and 'auto').
+    them; 0 = the head alone. Chains only (modes 'chain' and 'auto'). ``guard`` (mode 'auto'):
+    pause the head while the cycles it drafted lately cost more per token than plain decoding,
+    priced by the measured costs (:mod:`wavesurf.drafter.guard`).
     """
 
     n_prompts: int = 10
@@ -92,6 +94,7 @@ class BenchSettings:
     warmup: int = 1
     n_calibration: int = 2
     lookup_ngram: int = 0
+    guard: bool = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "methods", tuple(self.methods))
@@ -125,6 +128,8 @@ class BenchSettings:
             raise BenchError(f"warmup={self.warmup!r} must be an integer >= 0 (warm-up runs per method)")
         if self.mode not in ("chain", "tree", "auto"):
             raise BenchError(f"mode={self.mode!r} is not one of 'chain', 'tree', 'auto'")
+        if not isinstance(self.guard, bool):
+            raise BenchError(f"guard={self.guard!r} must be True or False (mode 'auto' only)")
         if self.auto and not is_int(self.n_calibration, 1):
             raise BenchError(f"n_calibration={self.n_calibration!r} must be a positive integer (prompts tuned on in mode 'auto')")
         if self.tree is not None:
@@ -287,6 +292,8 @@ def run_bench(
         settings["lookup_ngram"] = b.lookup_ngram
     if auto:
         settings.update(mode="auto", max_draft_len=settings.pop("depth"), n_calibration=n_calibration)
+        if b.guard:  # only when set: earlier auto runs (no guard) keep their cache keys
+            settings["guard"] = True
         for k in ("top_k", "total_tokens"):
             settings.pop(k)
     key = params_key(settings)
@@ -307,8 +314,8 @@ def run_bench(
                              "use fewer --n-prompts")
         choice, costs = tune(target, head, [prompt_ids(target, p, []) for p in calibration],
                              max_draft_len=b.draft_len, max_new_tokens=max_new_tokens, lookup_ngram=b.lookup_ngram)
-        decoder = adaptive_decoder(target, head, choice, b.lookup_ngram)
-        adaptive = {"choice": choice.describe(), "costs": costs.describe()}
+        decoder = adaptive_decoder(target, head, choice, b.lookup_ngram, costs=costs if b.guard else None)
+        adaptive = {"choice": choice.describe(), "costs": costs.describe(), "guard": b.guard}
     elif "eagle3" in methods:
         decoder = SpeculativeDecoder(target, head, tree, lookup_ngram=b.lookup_ngram)
     for _ in range(b.warmup):  # warm-up (excluded): every method once on a short run
@@ -321,7 +328,7 @@ def run_bench(
     for pi, prompt in enumerate(prompts):
         order = methods[pi % len(methods):] + methods[: pi % len(methods)]
         acc: dict[str, dict] = {m: {"new_tokens": 0, "target_forwards": 0, "seconds": 0.0, "cycle_tokens": [],
-                                    "accepted": [], "tie_rechecks": 0, "prompt_tokens": 0, "same": True}
+                                    "accepted": [], "tie_rechecks": 0, "paused_tokens": 0, "prompt_tokens": 0, "same": True}
                                 for m in methods}
         answers: list[str] = []
         for turn in range(len(prompt.turns)):
@@ -337,6 +344,7 @@ def run_bench(
                 a["cycle_tokens"] += r.cycle_tokens
                 a["accepted"] += r.accepted
                 a["tie_rechecks"] += r.tie_rechecks
+                a["paused_tokens"] += r.paused_tokens
                 a["prompt_tokens"] += len(ids)
                 a["same"] &= r.tokens == ref
             text = target.tokenizer.decode(ref, skip_special_tokens=True).strip()
@@ -350,7 +358,7 @@ def run_bench(
                 "prompt_tokens": a["prompt_tokens"], "new_tokens": a["new_tokens"],
                 "target_forwards": a["target_forwards"], "tau": round(tau, 4),
                 "mean_accepted": round(sum(a["accepted"]) / len(a["accepted"]), 4) if a["accepted"] else "",
-                "tie_rechecks": a["tie_rechecks"], "seconds": round(a["seconds"], 4),
+                "tie_rechecks": a["tie_rechecks"], "paused_tokens": a["paused_tokens"], "seconds": round(a["seconds"], 4),
                 "tokens_per_second": round(a["new_tokens"] / a["seconds"], 4) if a["seconds"] > 0 else "",
                 "lossless": (a["same"] if temperature == 0 else ""),
             })
@@ -361,6 +369,9 @@ def run_bench(
         summary["adaptive"] = adaptive
     summary["wall_seconds"] = round(time.perf_counter() - t_start, 2)
     summary["machine"] = platform.machine()
+    from .models import processor_name
+
+    summary["processor"] = processor_name()
     result = BenchResult(rows, summary, key, None, settings)
     if use_cache:
         save_bench(result, path)
@@ -413,6 +424,7 @@ def summarize(rows: list[dict], settings: dict) -> dict:
             entry["lossless"] = f"{sum(1 for r in rs if r['lossless'] is True)}/{len(rs)}"
         if m == "eagle3":
             entry["tie_rechecks"] = sum(int(r["tie_rechecks"]) for r in rs)
+            entry["paused_tokens"] = sum(int(r.get("paused_tokens") or 0) for r in rs)
         methods[m] = entry
     return {"settings": settings, "methods": methods,
             "definitions": {"tau": "tokens after each prompt's first / target forwards after the prefill (pooled)",
@@ -438,8 +450,8 @@ def load_bench(path: Path) -> BenchResult:
     with open(path / "rows.csv", newline="") as fh:
         rows = list(csv.DictReader(fh))
     for r in rows:
-        for k in ("turns", "prompt_tokens", "new_tokens", "target_forwards", "tie_rechecks"):
-            r[k] = int(r[k])
+        for k in ("turns", "prompt_tokens", "new_tokens", "target_forwards", "tie_rechecks", "paused_tokens"):
+            r[k] = int(r.get(k) or 0)  # paused_tokens: absent from runs cached before the guard
         for k in ("tau", "seconds", "tokens_per_second"):
             r[k] = float(r[k]) if r[k] not in ("", "nan") else float("nan")
         r["lossless"] = {"True": True, "False": False}.get(r["lossless"], "")

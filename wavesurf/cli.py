@@ -297,7 +297,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         depth=args.depth, top_k=args.top_k, total_tokens=args.total_tokens, temperature=args.temperature,
         seed=args.seed, methods=tuple(m for m in args.methods.split(",") if m),
         prompt_lookup_tokens=args.prompt_lookup_tokens, max_prompt_tokens=args.max_prompt_tokens,
-        n_calibration=args.n_calibration, lookup_ngram=args.lookup_ngram)
+        n_calibration=args.n_calibration, lookup_ngram=args.lookup_ngram, guard=not args.no_guard)
     target = _load_target(args)
     drafter_id = None
     if args.drafter == "untrained":
@@ -594,6 +594,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="chain/auto: draft each chain's first tokens by n-gram lookup over the context (suffixes of "
                         "up to N tokens, latest match) and let the head continue after them; 0 = the head alone "
                         "(default 0; 3 is prompt lookup's usual setting)")
+    p.add_argument("--no-guard", action="store_true",
+                   help="auto: keep drafting at the tuned setting even where the cycles drafted lately cost more per "
+                        "token than plain decoding (by default the head pauses there and probes again later)")
     p.add_argument("--depth", type=_positive_int, default=5, help="tree: most draft tokens on one path (default 5)")
     p.add_argument("--top-k", type=_positive_int, default=4, help="tree: children per expanded node and nodes expanded per level (default 4)")
     p.add_argument("--total-tokens", type=_positive_int, default=16, help="tree: draft tokens verified per cycle (default 16)")

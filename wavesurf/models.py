@@ -33,6 +33,19 @@ def configure_torch(threads: int | None = None) -> None:
     torch.backends.cudnn.allow_tf32 = False
 
 
+def processor_name() -> str:
+    """The CPU's model name (``/proc/cpuinfo``), else what ``platform`` knows. Benchmarks print it:
+    the cost of a multi-row verify against HF's one-row step differs between CPU makes (MKL's
+    small-matrix kernels on an AMD EPYC vs an Intel Xeon), so a speed ratio is a fact about one."""
+    import platform
+
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or platform.machine()
+
+
 def pick_device(device: str = "auto") -> str:
     import torch
 

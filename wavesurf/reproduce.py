@@ -224,12 +224,9 @@ def _swap(stage: Path, final: Path, trash: Path) -> None:
 def hardware() -> dict[str, Any]:
     import torch
 
-    cpu = platform.processor() or platform.machine()
-    try:
-        cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    info = {"machine": platform.machine(), "processor": cpu,
+    from .models import processor_name
+
+    info = {"machine": platform.machine(), "processor": processor_name(),
             "cpu_count": os.cpu_count(), "torch_threads": int(os.environ.get("WAVESURF_THREADS", 0)) or os.cpu_count(),
             "python": platform.python_version(), "torch": torch.__version__,
             "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}

@@ -29,6 +29,7 @@ from ..errors import DecodeError, is_int
 from .baselines import greedy_generate
 from .decode import SpeculativeDecoder, check_confidence
 from .generation import DecodeResult
+from .guard import DraftGuard
 from .head import DraftHead
 from .tree import TreeSpec
 
@@ -268,13 +269,15 @@ def tune(target: Any, head: DraftHead, calibration_ids: Sequence[Sequence[int]],
     return choose_setting(calibration_cycles(runs), costs, max_draft_len, thresholds), costs
 
 
-def adaptive_decoder(target: Any, head: DraftHead, setting: AdaptiveSetting, lookup_ngram: int = 0) -> Any:
+def adaptive_decoder(target: Any, head: DraftHead, setting: AdaptiveSetting, lookup_ngram: int = 0,
+                     costs: CostModel | None = None) -> Any:
     """The decoder a setting describes: plain decoding, or a thresholded chain (n-gram lookup
-    first when ``lookup_ngram > 0``, as it was tuned)."""
+    first when ``lookup_ngram > 0``, as it was tuned). With ``costs`` (the cost model it was tuned
+    with) a :class:`~wavesurf.drafter.guard.DraftGuard` pauses the head where it loses at run time."""
     if setting.plain:
         return PlainDecoder(target)
     return SpeculativeDecoder(target, head, TreeSpec.chain(setting.draft_len), min_confidence=setting.min_confidence,
-                              lookup_ngram=lookup_ngram)
+                              lookup_ngram=lookup_ngram, guard=DraftGuard(costs) if costs is not None else None)
 
 
 __all__ = ["AdaptiveSetting", "CostModel", "DEFAULT_THRESHOLDS", "PlainDecoder", "adaptive_decoder",

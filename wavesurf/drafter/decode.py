@@ -54,6 +54,7 @@ import torch
 from ..errors import DecodeError
 from .baselines import greedy_generate, hf_generate
 from .generation import DecodeResult, as_ids, check_decode_settings, eos_ids, finish_tokens, sample_token
+from .guard import DraftGuard
 from .head import DraftHead
 from .lookup import NgramIndex, check_lookup_ngram
 from .target_runner import PackedLinears, TargetRunner, packing_available
@@ -93,7 +94,7 @@ class SpeculativeDecoder:
 
     def __init__(self, target: Any, head: DraftHead, tree: TreeSpec | None = None, *,
                  tie_eps: float = DEFAULT_TIE_EPS, packed: bool | None = None, min_confidence: float = 0.0,
-                 lookup_ngram: int = 0):
+                 lookup_ngram: int = 0, guard: DraftGuard | None = None):
         head.config.check_target(target)
         if not isinstance(tie_eps, (int, float)) or not tie_eps >= 0:
             raise DecodeError(f"tie_eps={tie_eps!r} must be a number >= 0 (0 = no near-tie re-check)")
@@ -106,6 +107,13 @@ class SpeculativeDecoder:
         if self.tree.top_k > head.config.draft_vocab_size:
             raise DecodeError(f"top_k={self.tree.top_k} is larger than the draft vocabulary "
                               f"({head.config.draft_vocab_size} ids); use top_k <= {head.config.draft_vocab_size}")
+        if guard is not None:
+            if not isinstance(guard, DraftGuard):
+                raise DecodeError(f"guard={type(guard).__name__} must be a DraftGuard (or None)")
+            if not self.tree.is_chain:
+                raise DecodeError(f"guard prices chain cycles; the tree {self.tree.describe()} is not a chain")
+            guard.costs.check_fits(target, self.tree.depth)
+        self.guard = guard
         self.tie_eps = float(tie_eps)
         self.min_confidence = float(min_confidence)
         self._min_logp = math.log(min_confidence) if min_confidence > 0 else -math.inf
@@ -268,13 +276,24 @@ class SpeculativeDecoder:
             pend_feats, pend_next, start = feats, torch.cat([ids[1:], torch.tensor([first], device=dev)]), 0
             seq = torch.cat([ids, torch.tensor([first], device=dev)])
             index = NgramIndex(self.lookup_ngram, seq.tolist()) if self.lookup_ngram else None
+            guard = self.guard
+            if guard is not None:
+                guard.reset()
             while not done:
                 m = len(seq) - 1  # root x_m; target cache covers 0..m-1
-                root_logp, root_h = self._draft_extend(pend_feats, pend_next, start)
+                steps_before = self.draft_steps
                 forced = index.draft(self.tree.depth) if index is not None else None
+                head_on = guard is None or not guard.paused
+                if head_on:
+                    root_logp, root_h = self._draft_extend(pend_feats, pend_next, start)
+                    tree = self._draft_tree(root_logp, root_h, m, forced)
+                else:  # the guard paused the head: the root alone, or a lookup draft of a full-length match
+                    if forced is not None and index.match_length < index.max_ngram:
+                        forced = []
+                    full = forced or []
+                    tree = DraftTree(full, list(range(-1, len(full) - 1)), list(range(1, len(full) + 1)), [0.0] * len(full))
                 if forced is not None:
                     lookup_drafted.append(len(forced))
-                tree = self._draft_tree(root_logp, root_h, m, forced)
                 vids = torch.tensor([int(seq[-1])] + tree.tokens, device=dev)
                 vpos = m + torch.tensor([0] + tree.level, device=dev)
                 mask = None if self.tree.is_chain else tree_mask(tree, dev)  # a chain is plain causal order
@@ -299,7 +318,13 @@ class SpeculativeDecoder:
                 seq = torch.cat([seq, torch.tensor(new_tokens, device=dev)])
                 if index is not None:
                     index.extend(new_tokens)
-                pend_feats, pend_next, start = new_feats, torch.tensor(new_tokens, device=dev), m
+                if guard is not None:
+                    guard.observe(len(tree.tokens), self.draft_steps - steps_before, len(new_tokens))
+                if head_on:
+                    pend_feats, pend_next, start = new_feats, torch.tensor(new_tokens, device=dev), m
+                else:  # the head's cache falls behind: extend it over these positions when it drafts again
+                    pend_feats = torch.cat([pend_feats, new_feats])
+                    pend_next = torch.cat([pend_next, torch.tensor(new_tokens, device=dev)])
             forwards = runner.forwards
         finally:
             runner.close()
@@ -308,7 +333,8 @@ class SpeculativeDecoder:
                             time.perf_counter() - t0, forwards, cycles, accepted, self.draft_steps, rechecks,
                             prompt_tokens=len(ids),
                             stopped="eos" if produced and produced[-1] in self.eos else "max_new_tokens",
-                            draft_scores=scores, lookup_drafted=lookup_drafted)
+                            draft_scores=scores, lookup_drafted=lookup_drafted,
+                            paused_tokens=guard.paused_tokens if guard is not None else 0)
 
     def _tie_replay(self, runner: TargetRunner, logits: torch.Tensor, path: list[int], bonus: int,
                     vids: torch.Tensor, seq: torch.Tensor, n_prompt: int):

@@ -34,6 +34,7 @@ class DecodeResult:
     stopped: str = ""  # "eos" or "max_new_tokens"
     draft_scores: list[list[float]] = field(default_factory=list)  # chain only: cumulative draft log-probs per cycle
     lookup_drafted: list[int] = field(default_factory=list)  # with lookup drafting: tokens lookup proposed per cycle
+    paused_tokens: int = 0  # with a DraftGuard: tokens committed while it had paused the head
 
     @property
     def new_tokens(self) -> int:
@@ -52,7 +53,7 @@ class DecodeResult:
     def summary(self) -> dict:
         return {"method": self.method, "new_tokens": self.new_tokens, "tau": round(self.tau, 4),
                 "n_target_forwards": self.n_target_forwards, "tie_rechecks": self.tie_rechecks,
-                "draft_steps": self.draft_steps, "seconds": round(self.seconds, 4),
+                "draft_steps": self.draft_steps, "paused_tokens": self.paused_tokens, "seconds": round(self.seconds, 4),
                 "tokens_per_second": round(self.tokens_per_second, 3), "stopped": self.stopped}
 
 

@@ -58,6 +58,7 @@ class NgramIndex:
             raise DecodeError(f"per_match={per_match!r} must be a positive integer or None (no cap)")
         self.per_match = per_match
         self.tokens: list[int] = []
+        self.match_length = 0  # n of the match the last draft() used (0: none)
         self._last: list[dict[tuple[int, ...], int]] = [{} for _ in range(self.max_ngram + 1)]
         self.extend(tokens)
 
@@ -79,7 +80,9 @@ class NgramIndex:
             start = self._last[n].get(tuple(seq[length - n:]))
             if start is not None:
                 k = max_draft_len if self.per_match is None else min(max_draft_len, self.per_match * n)
+                self.match_length = n
                 return seq[start + n:min(start + n + k, length)]
+        self.match_length = 0
         return []
 
 
