@@ -1,5 +1,6 @@
 """Generation throughput of ``wavesurf distill`` (answer tokens per second) at batch 1 and batched,
-with how many batched greedy answers equal batch-1 greedy before and after the near-tie re-decode.
+with how many batched greedy answers equal batch-1 greedy before and after the near-tie re-decode;
+each batch size with HF's plain kernels and with the oneDNN-packed weights ``distill`` uses.
 
 Prompts: first user turns of ShareGPT's held-out split that fit ``--max-prompt`` tokens. Tokens
 counted are the kept answer tokens (up to EOS or the budget), so rows that finish early in a batch
@@ -36,6 +37,7 @@ def main() -> None:
     from wavesurf.distill import generate_batch, prompt_ids
     from wavesurf.drafter.decode import eos_ids
     from wavesurf.models import configure_torch, load_target, processor_name
+    from wavesurf.packed import packing_available
 
     configure_torch()
     target = load_target(args.model, device="cpu")
@@ -49,11 +51,11 @@ def main() -> None:
             break
     generate_batch(target, [prompts[0]], [4], eos=eos)  # warm-up
 
-    def timed(group_size: int, subset: list[list[int]], tie_eps: float):
+    def timed(group_size: int, subset: list[list[int]], tie_eps: float, packed: bool = False):
         t0, out = time.perf_counter(), []
         for b in range(0, len(subset), group_size):
             out += generate_batch(target, subset[b : b + group_size], [args.new] * len(subset[b : b + group_size]),
-                                  eos=eos, tie_eps=tie_eps)
+                                  eos=eos, tie_eps=tie_eps, packed=packed)
         return time.perf_counter() - t0, out
 
     n1 = min(args.batch1_prompts, len(prompts))
@@ -64,11 +66,13 @@ def main() -> None:
     alone += [generate_batch(target, [p], [args.new], eos=eos)[0] for p in prompts[n1:]]
     rows = [{"batch_size": 1, "prompts": n1, "tokens": tok1, "seconds": round(sec1, 2),
              "tokens_per_s": round(rate1, 1), "ratio_vs_batch1": 1.0}]
-    for bs in [int(x) for x in args.batch_sizes.split(",") if x]:
-        sec_raw, raw = timed(bs, prompts, 0)
-        sec, fixed = timed(bs, prompts, 1e-3)
+    for bs, packed in [(int(x), p) for x in args.batch_sizes.split(",") if x for p in (False, True)]:
+        if packed and not packing_available(target.model):
+            continue
+        sec_raw, raw = timed(bs, prompts, 0, packed)
+        sec, fixed = timed(bs, prompts, 1e-3, packed)
         tok = sum(len(a.ids) for a in fixed)
-        rows.append({"batch_size": bs, "prompts": len(prompts), "tokens": tok, "seconds": round(sec, 2),
+        rows.append({"batch_size": bs, "packed": packed, "prompts": len(prompts), "tokens": tok, "seconds": round(sec, 2),
                      "tokens_per_s": round(tok / sec, 1), "ratio_vs_batch1": round(tok / sec / rate1, 2),
                      "tokens_per_s_without_redecode": round(sum(len(a.ids) for a in raw) / sec_raw, 1),
                      "equal_to_batch1_raw": sum(a.ids == b.ids for a, b in zip(raw, alone)),
@@ -82,7 +86,8 @@ def main() -> None:
         extra = (f"  equal to batch 1: {r['equal_to_batch1_raw']}/{r['prompts']} raw, "
                  f"{r['equal_to_batch1_with_redecode']}/{r['prompts']} after re-decode ({r['redecoded']} re-decoded)"
                  if r["batch_size"] > 1 else "")
-        print(f"batch {r['batch_size']:>2}: {r['tokens_per_s']:>7.1f} tok/s  x{r['ratio_vs_batch1']:.2f}{extra}")
+        kind = " packed" if r.get("packed") else ""
+        print(f"batch {r['batch_size']:>2}{kind:7}: {r['tokens_per_s']:>7.1f} tok/s  x{r['ratio_vs_batch1']:.2f}{extra}")
 
 
 if __name__ == "__main__":

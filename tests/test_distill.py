@@ -100,22 +100,30 @@ def test_greedy_batch1_equals_hf_generate(smollm):
     assert ans.ids == _hf_greedy(smollm, ids, 24, eos)
 
 
-def test_batched_agreement_with_batch1(smollm):
-    """Padded batches run other kernels; raw batched greedy (no re-decode) is compared with batch 1
-    token for token, and with the near-tie re-decode the answers must equal batch 1 exactly."""
+@pytest.mark.parametrize("packed", [False, True])
+def test_batched_agreement_with_batch1(smollm, packed):
+    """Padded batches run other kernels (HF's, or the oneDNN-packed weights); raw batched greedy
+    (no re-decode) is compared with batch 1 token for token, and with the near-tie re-decode the
+    answers must equal batch 1 exactly."""
     from wavesurf.drafter.decode import eos_ids
+    from wavesurf.packed import packing_available
 
+    if packed and not packing_available(smollm.model):
+        pytest.skip("this PyTorch has no oneDNN linear")
     eos = eos_ids(smollm)
     prompts = _first_user_prompts(smollm, 6)
     alone = [generate_batch(smollm, [p], [16], eos=eos)[0].ids for p in prompts]
-    raw = generate_batch(smollm, prompts, [16] * len(prompts), eos=eos, tie_eps=0)
+    raw = generate_batch(smollm, prompts, [16] * len(prompts), eos=eos, tie_eps=0, packed=packed)
     same = sum(a.ids == b for a, b in zip(raw, alone))
     gaps = [a.min_gap for a in raw]
-    print(f"batched (6 rows, no re-decode) == batch 1: {same}/6 answers; smallest top-2 gap {min(gaps):.2e}")
+    print(f"batched (6 rows, no re-decode, packed={packed}) == batch 1: {same}/6 answers; "
+          f"smallest top-2 gap {min(gaps):.2e}")
     # where the batched run kept every gap above the threshold, it must agree with batch 1
     assert all(a.ids == b for a, b in zip(raw, alone) if a.min_gap >= distill.TIE_EPS)
-    fixed = generate_batch(smollm, prompts, [16] * len(prompts), eos=eos)
+    fixed = generate_batch(smollm, prompts, [16] * len(prompts), eos=eos, packed=packed)
     assert [a.ids for a in fixed] == alone
+    with pytest.raises(DistillError, match="packed='yes'"):
+        generate_batch(smollm, prompts[:2], [4, 4], eos=eos, packed="yes")
 
 
 def test_sampling_seeded_and_batch_independent(smollm):

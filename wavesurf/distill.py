@@ -52,6 +52,8 @@ DEFAULT_CHUNK_EXAMPLES = 32
 #: batched-vs-batch-1 logit difference measured on SmolLM2 is far below this, see the README)
 TIE_EPS = 1e-3
 BUILD_FILE = "build.json"
+#: the row count packed weights are chosen and reordered for (a full batch at the default size)
+PACKED_ROWS = DEFAULT_BATCH_SIZE
 
 
 
@@ -138,13 +140,25 @@ def _processor(temperature: float, generators: list[Any] | None):
 
 def generate_batch(target: Any, prompts: list[list[int]], budgets: list[int], *, eos: set[int],
                    temperature: float = 0.0, row_seeds: list[int] | None = None,
-                   tie_eps: float = TIE_EPS) -> list[Answer]:
+                   tie_eps: float = TIE_EPS, packed: bool | None = None) -> list[Answer]:
     """Answers to ``prompts`` (token ids) in one left-padded HF ``generate`` call, each cut at its
     first EOS (kept) or its own token budget. Greedy answers of a batch of more than one whose
-    top-2 gap fell below ``tie_eps`` are decoded again alone (``tie_eps=0``: never)."""
+    top-2 gap fell below ``tie_eps`` are decoded again alone (``tie_eps=0``: never). A batch of
+    more than one runs on oneDNN-packed weights (:mod:`wavesurf.packed`) where the model allows it
+    (``packed=None``) or ``packed=True`` asks: the same sums in another order, which the re-decode
+    covers like the padding's; a batch of one keeps HF's kernels."""
+    from contextlib import nullcontext
+
     import torch
 
+    from .packed import packed_for, packing_available
+
     model, dev = target.model, target.device
+    if packed not in (None, True, False):
+        raise DistillError(f"packed={packed!r} must be True, False or None (= when the model allows it)")
+    if packed is None:
+        packed = packing_available(model)
+    kernels = packed_for(model, PACKED_ROWS).active() if packed and len(prompts) > 1 else nullcontext()
     pad = target.tokenizer.pad_token_id
     pad = pad if pad is not None else min(eos) if eos else 0
     width = max(len(p) for p in prompts)
@@ -157,7 +171,7 @@ def generate_batch(target: Any, prompts: list[list[int]], budgets: list[int], *,
     if temperature > 0:
         generators = [torch.Generator().manual_seed(s) for s in (row_seeds or [0] * len(prompts))]
     proc = _processor(temperature, generators)
-    with torch.no_grad():
+    with torch.no_grad(), kernels:
         out = model.generate(input_ids=ids.to(dev), attention_mask=mask.to(dev), max_new_tokens=max(budgets),
                              do_sample=False, num_beams=1, eos_token_id=sorted(eos) or None, pad_token_id=pad,
                              logits_processor=[proc], top_k=None, top_p=None, temperature=None)

@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import math
 import time
-import weakref
 from typing import Any
 
 import torch
@@ -57,7 +56,8 @@ from .generation import DecodeResult, as_ids, check_decode_settings, eos_ids, fi
 from .guard import DraftGuard
 from .head import DraftHead
 from .lookup import NgramIndex, check_lookup_ngram
-from .target_runner import PackedLinears, TargetRunner, packing_available
+from ..packed import PackedLinears, packed_for, packing_available
+from .target_runner import TargetRunner
 from .tree import DraftTree, TreeSpec, check_tree, make_tree, tree_mask
 
 #: top-2 logit gap (logit units) below which a T=0 decision is re-made with a one-token forward.
@@ -69,19 +69,6 @@ def check_confidence(min_confidence: Any) -> None:
     if isinstance(min_confidence, bool) or not isinstance(min_confidence, (int, float)) or not 0 <= min_confidence < 1:
         raise DecodeError(f"min_confidence={min_confidence!r} must be a number in [0, 1): the draft stops when "
                           "the estimated probability of the drafted path falls below it (0 = never)")
-
-
-_PACKED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def _packed_for(model: Any, rows: int) -> PackedLinears:
-    """One packed copy per target model, shared by every decoder built on it; rebuilt (and its
-    shapes re-measured) when the thread count or the verify width changes."""
-    have = _PACKED.get(model)
-    if have is None or have.threads != torch.get_num_threads() or have.rows != rows:
-        _PACKED.pop(model, None)
-        _PACKED[model] = PackedLinears(model, rows=rows)
-    return _PACKED[model]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -122,7 +109,7 @@ class SpeculativeDecoder:
         self.eos = eos_ids(target)
         if packed is None:
             packed = packing_available(target.model)
-        self.packed = _packed_for(target.model, max(2, self.tree.total_tokens + 1)) if packed else None
+        self.packed = packed_for(target.model, max(2, self.tree.total_tokens + 1)) if packed else None
 
     # ---- draft side ---------------------------------------------------------------------------
     def _draft_extend(self, feats: torch.Tensor, next_tokens: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Tensor]:
