@@ -214,6 +214,16 @@ def test_estimate_remaining_prefers_previous_run_then_reference(monkeypatch):
     assert "default model" in estimate_remaining(["06_b"], {}, "default", "gemma3-270m")
     assert estimate_remaining(["06_b", "07_c"], {}, "default", "smollm2-135m").endswith("+ unknown for 07_c")
     assert estimate_remaining(["07_c"], {}, "default", "smollm2-135m").startswith("unknown")
+    # a notebook that took 1.5x its reference time rescales the reference times of the rest
+    assert estimate_remaining(["06_b"], {}, "default", "smollm2-135m", finished={"01_a": 900.0}) == \
+        "~45m00s (reference machine x 1.50, this run's pace)"
+    # ... but not from a notebook without a reference time, nor from less than a reference minute
+    assert estimate_remaining(["06_b"], {}, "default", "smollm2-135m", finished={"07_c": 900.0}) == \
+        "~30m00s (reference machine)"
+    monkeypatch.setitem(profiles.PROFILES["default"], "reference_minutes",
+                        {"smollm2-135m": {"01_a": 0.1, "06_b": 30.0}})
+    assert estimate_remaining(["06_b"], {}, "default", "smollm2-135m", finished={"01_a": 60.0}) == \
+        "~30m00s (reference machine)"
 
 
 def test_answer_template_lines_become_glue_references_and_bad_lines_are_refused(tmp_path):

@@ -233,21 +233,36 @@ def hardware() -> dict[str, Any]:
     return info
 
 
-def estimate_remaining(remaining: Sequence[str], previous: dict[str, float], profile: str, model: str) -> str:
+#: reference minutes the notebooks finished in this run must add up to before their pace rescales
+#: the reference times of the rest (a few seconds of short notebooks say little about a machine)
+PACE_MIN_REFERENCE_MINUTES = 1.0
+
+
+def estimate_remaining(remaining: Sequence[str], previous: dict[str, float], profile: str, model: str,
+                       finished: dict[str, float] | None = None) -> str:
     """Time left for the notebooks in ``remaining``: each from the previous run of this profile
     when there is one, else from the profile's ``reference_minutes`` (an empty-cache run of the
     default model on the 2-core reference machine), else unknown. Notebooks differ by orders of
-    magnitude (the drafter ones train every head), so averaging the finished ones would mislead."""
+    magnitude (the drafter ones train every head), so averaging the finished ones would mislead;
+    but the notebooks ``finished`` in this run (seconds) that have reference times say how fast
+    this machine is against the reference one, and once they add up to
+    :data:`PACE_MIN_REFERENCE_MINUTES` their ratio scales the remaining reference times (measured:
+    the main job's notebooks took 1.4-1.7x their reference times on a slower 2-core host)."""
     refs = get_profile(profile).reference_minutes
     ref = refs.get(model) or refs.get("smollm2-135m") or {}
     ref_label = "reference machine" + ("" if model in refs else ", default model")
+    done = {stem: sec for stem, sec in (finished or {}).items() if stem in ref}
+    done_ref = sum(ref[stem] for stem in done)
+    pace = sum(done.values()) / (60.0 * done_ref) if done_ref >= PACE_MIN_REFERENCE_MINUTES else 1.0
+    if pace != 1.0:
+        ref_label += f" x {pace:.2f}, this run's pace"
     total, sources, unknown = 0.0, set(), []
     for stem in remaining:
         if stem in previous:
             total += previous[stem]
             sources.add("previous run")
         elif stem in ref:
-            total += 60.0 * ref[stem]
+            total += 60.0 * ref[stem] * pace
             sources.add(ref_label)
         else:
             unknown.append(stem)
@@ -286,7 +301,7 @@ def reproduce(model: str, profile: str = "default", only: str | Sequence[str] | 
     t_run = time.perf_counter()
     for n, spec in enumerate(specs, 1):
         elapsed = time.perf_counter() - t_run
-        eta = estimate_remaining([s.stem for s in specs[n - 1:]], previous, profile, model)
+        eta = estimate_remaining([s.stem for s in specs[n - 1:]], previous, profile, model, finished=times)
         say(f"[{n}/{len(specs)}] {spec.stem}  elapsed {_fmt_s(elapsed)}, remaining {eta}")
         out = stages[spec.scope] / f"{spec.stem}.ipynb"
         try:
