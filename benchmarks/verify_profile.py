@@ -80,7 +80,8 @@ def main() -> None:
     import torch
     from transformers import DynamicCache
 
-    from wavesurf.drafter.target_runner import PackedLinears, TargetRunner, packing_available
+    from wavesurf.drafter.target_runner import TargetRunner
+    from wavesurf.packed import PackedLinears, packing_available
     from wavesurf.drafter.head import DraftConfig, DraftHead, init_head
     from wavesurf.models import load_target, processor_name
 

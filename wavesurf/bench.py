@@ -450,8 +450,9 @@ def load_bench(path: Path) -> BenchResult:
     with open(path / "rows.csv", newline="") as fh:
         rows = list(csv.DictReader(fh))
     for r in rows:
-        for k in ("turns", "prompt_tokens", "new_tokens", "target_forwards", "tie_rechecks", "paused_tokens"):
-            r[k] = int(r.get(k) or 0)  # paused_tokens: absent from runs cached before the guard
+        for k in ("turns", "prompt_tokens", "new_tokens", "target_forwards", "tie_rechecks"):
+            r[k] = int(r[k])
+        r["paused_tokens"] = int(r.get("paused_tokens") or 0)  # absent from runs cached before the guard
         for k in ("tau", "seconds", "tokens_per_second"):
             r[k] = float(r[k]) if r[k] not in ("", "nan") else float("nan")
         r["lossless"] = {"True": True, "False": False}.get(r["lossless"], "")

@@ -151,13 +151,10 @@ def generate_batch(target: Any, prompts: list[list[int]], budgets: list[int], *,
 
     import torch
 
-    from .packed import packed_for, packing_available
+    from .packed import packed_for, use_packing
 
     model, dev = target.model, target.device
-    if packed not in (None, True, False):
-        raise DistillError(f"packed={packed!r} must be True, False or None (= when the model allows it)")
-    if packed is None:
-        packed = packing_available(model)
+    packed = use_packing(packed, model, DistillError)
     kernels = packed_for(model, PACKED_ROWS).active() if packed and len(prompts) > 1 else nullcontext()
     pad = target.tokenizer.pad_token_id
     pad = pad if pad is not None else min(eos) if eos else 0

@@ -114,6 +114,14 @@ def _packed_over_plain(weight: torch.Tensor, packed: torch.Tensor, rows: int, re
     return statistics.median(packed_t) / statistics.median(plain_t)
 
 
+def use_packing(packed: Any, model: Any, error: type[Exception] = DecodeError) -> bool:
+    """A caller's ``packed`` option: True or False as given, None = where the model allows it
+    (:func:`packing_available`); anything else is refused with the caller's ``error``."""
+    if packed not in (None, True, False):
+        raise error(f"packed={packed!r} must be True, False or None (= when the model allows it)")
+    return packing_available(model) if packed is None else bool(packed)
+
+
 _PACKED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
@@ -127,4 +135,4 @@ def packed_for(model: Any, rows: int) -> PackedLinears:
     return _PACKED[model]
 
 
-__all__ = ["PackedLinears", "packed_for", "packing_available"]
+__all__ = ["PackedLinears", "packed_for", "packing_available", "use_packing"]

@@ -15,7 +15,8 @@ from wavesurf.drafter.adaptive import (
 )
 from wavesurf.drafter.decode import DecodeError, SpeculativeDecoder, TreeSpec, hf_generate
 from wavesurf.drafter.oracle import OracleHead
-from wavesurf.drafter.target_runner import PackedLinears, TargetRunner, packing_available
+from wavesurf.drafter.target_runner import TargetRunner
+from wavesurf.packed import PackedLinears, packing_available
 
 NEW = 24
 

@@ -51,12 +51,12 @@ from typing import Any
 import torch
 
 from ..errors import DecodeError
+from ..packed import PackedLinears, packed_for, use_packing
 from .baselines import greedy_generate, hf_generate
 from .generation import DecodeResult, as_ids, check_decode_settings, eos_ids, finish_tokens, sample_token
 from .guard import DraftGuard
 from .head import DraftHead
 from .lookup import NgramIndex, check_lookup_ngram
-from ..packed import PackedLinears, packed_for, packing_available
 from .target_runner import TargetRunner
 from .tree import DraftTree, TreeSpec, check_tree, make_tree, tree_mask
 
@@ -86,8 +86,6 @@ class SpeculativeDecoder:
         if not isinstance(tie_eps, (int, float)) or not tie_eps >= 0:
             raise DecodeError(f"tie_eps={tie_eps!r} must be a number >= 0 (0 = no near-tie re-check)")
         check_confidence(min_confidence)
-        if packed not in (None, True, False):
-            raise DecodeError(f"packed={packed!r} must be True, False or None (= when the target allows it)")
         self.target, self.head = target, head.to(target.device).eval()
         self.tree = tree or TreeSpec.chain(4)
         self.lookup_ngram = check_lookup_ngram(lookup_ngram, tree=self.tree)
@@ -107,8 +105,7 @@ class SpeculativeDecoder:
         self.embed = target.model.get_input_embeddings()
         self.d2t = head.draft_to_target.to(target.device)
         self.eos = eos_ids(target)
-        if packed is None:
-            packed = packing_available(target.model)
+        packed = use_packing(packed, target.model)
         self.packed = packed_for(target.model, max(2, self.tree.total_tokens + 1)) if packed else None
 
     # ---- draft side ---------------------------------------------------------------------------
@@ -139,8 +136,7 @@ class SpeculativeDecoder:
         dev = root_logp.device
         forced = forced or []
         if len(forced) >= spec.depth:  # lookup fills the whole chain: no head step needed
-            n = spec.depth
-            return DraftTree(forced[:n], list(range(-1, n - 1)), list(range(1, n + 1)), [0.0] * n)
+            return DraftTree.chain(forced[:spec.depth])
         lp, di = root_logp.topk(k)
         tokens = self.d2t[di].tolist()
         parent, level, score = [-1] * k, [1] * k, lp.tolist()
@@ -277,8 +273,7 @@ class SpeculativeDecoder:
                 else:  # the guard paused the head: the root alone, or a lookup draft of a full-length match
                     if forced is not None and index.match_length < index.max_ngram:
                         forced = []
-                    full = forced or []
-                    tree = DraftTree(full, list(range(-1, len(full) - 1)), list(range(1, len(full) + 1)), [0.0] * len(full))
+                    tree = DraftTree.chain(forced or [])
                 if forced is not None:
                     lookup_drafted.append(len(forced))
                 vids = torch.tensor([int(seq[-1])] + tree.tokens, device=dev)

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from ..errors import DecodeError
-from ..packed import PackedLinears, packing_available
+from ..packed import PackedLinears
 from ..taps import ResidualTaps
 
 
@@ -111,4 +111,4 @@ class TargetRunner:
         self.key_positions = kp[: past + n] if contiguous else torch.cat([kp[:past], kp[past + rows]])
 
 
-__all__ = ["PackedLinears", "TargetRunner", "packing_available"]
+__all__ = ["TargetRunner"]

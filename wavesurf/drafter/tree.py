@@ -83,6 +83,12 @@ class DraftTree:
     level: list[int]  # 1..depth
     score: list[float]  # cumulative draft log-prob
 
+    @classmethod
+    def chain(cls, tokens: list[int]) -> DraftTree:
+        """A chain of tokens proposed with certainty (score 0), e.g. by n-gram lookup."""
+        n = len(tokens)
+        return cls(list(tokens), list(range(-1, n - 1)), list(range(1, n + 1)), [0.0] * n)
+
 
 def tree_mask(tree: DraftTree, device: Any) -> torch.Tensor:
     """bool [n+1, n+1]: which verify row sees which (root + the node's ancestors and itself)."""
