@@ -269,7 +269,7 @@ def run_bench(
     import torch
     from tqdm.auto import tqdm
 
-    from .drafter.decode import DEFAULT_TIE_EPS, SpeculativeDecoder
+    from .drafter.decode import SpeculativeDecoder, default_tie_eps
 
     b = settings if settings is not None else BenchSettings()
     if not isinstance(b, BenchSettings):
@@ -284,7 +284,7 @@ def run_bench(
         "split": "heldout" if dataset == "sharegpt" else None, "split_seed": b.split_seed, "n_prompts": n_prompts,
         "max_new_tokens": max_new_tokens, **tree.describe(), "temperature": float(temperature), "seed": seed,
         "methods": methods, "prompt_lookup_tokens": prompt_lookup_tokens, "max_prompt_tokens": b.max_prompt_tokens,
-        "warmup": b.warmup, "tie_eps": DEFAULT_TIE_EPS, "device": target.device, "threads": torch.get_num_threads(),
+        "warmup": b.warmup, "tie_eps": default_tie_eps(target), "device": target.device, "threads": torch.get_num_threads(),
         "wavesurf": __version__, "layer_ids": list(head.config.layer_ids),
         "draft_vocab_size": head.config.draft_vocab_size,
     }

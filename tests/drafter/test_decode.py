@@ -12,7 +12,8 @@ import torch
 
 from wavesurf.bench import BenchPrompt, bench_prompts, prompt_ids
 from wavesurf.drafter.decode import (
-    DecodeError, SpeculativeDecoder, TreeSpec, DraftTree, greedy_generate, hf_generate, make_tree, speculative_generate,
+    DEFAULT_TIE_EPS, DecodeError, SpeculativeDecoder, TreeSpec, DraftTree, default_tie_eps, greedy_generate, hf_generate,
+    make_tree, speculative_generate,
 )
 from wavesurf.drafter.head import DraftConfig, DraftHead, DrafterError, init_head
 from wavesurf.drafter.oracle import OracleHead
@@ -229,6 +230,20 @@ def test_near_tie_replay_reproduces_hf(smollm, prompts):
     assert got.tie_rechecks > 0 and all(a == 0 for a in got.accepted)  # the replay stops at the root row
     assert got.n_target_forwards == 1 + len(got.cycle_tokens)
     assert got.tau < 1  # replay forwards count against tau
+
+
+def test_near_tie_threshold_follows_the_target_dtype(smollm):
+    """float32 replays near ties; half precision (bfloat16/float16 on a GPU) does not: its logits
+    tie exactly and the replay cannot reproduce GPU kernels (measured on an H200, see README)."""
+    assert default_tie_eps(smollm) == DEFAULT_TIE_EPS
+    assert SpeculativeDecoder(smollm, untrained(smollm)).tie_eps == DEFAULT_TIE_EPS
+    assert SpeculativeDecoder(smollm, untrained(smollm), tie_eps=0).tie_eps == 0.0
+    for dtype in (torch.bfloat16, torch.float16):
+        half = type("HalfTarget", (), {"model": torch.nn.Linear(2, 2).to(dtype)})()
+        assert default_tie_eps(half) == 0.0
+    for bad in (True, -1e-3, "1e-3"):
+        with pytest.raises(DecodeError, match=f"tie_eps={bad!r} must be a number >= 0"):
+            SpeculativeDecoder(smollm, untrained(smollm), tie_eps=bad)
 
 
 def test_sampling_path_on_the_real_model(smollm, prompts):

@@ -28,7 +28,7 @@ decode step run different float32 kernels: the logits differ by up to ~6e-5 on S
 ``benchmarks/near_ties.py``), and the KV rows they leave in the cache differ too, so re-running
 just the last token alone does not reproduce HF. Where the target's top-2 gap is that small the
 greedy argmax can flip. With ``tie_eps > 0`` (default :data:`DEFAULT_TIE_EPS`, ~17x the largest
-difference seen), a path position whose top-2 gap is below ``tie_eps`` is decided by a *replay*:
+difference seen, in float32; none in half precision, see :func:`default_tie_eps`), a path position whose top-2 gap is below ``tie_eps`` is decided by a *replay*:
 the cache is cut back to the prompt (whose prefill is computed exactly as HF computes it) and every
 generated token up to that position is re-run one at a time HF's way; that reproduces HF's logits
 bit for bit on SmolLM2 (measured: max difference 0.0), so the decision is HF's. The replay costs
@@ -64,6 +64,18 @@ from .tree import DraftTree, TreeSpec, check_tree, make_tree, tree_mask
 DEFAULT_TIE_EPS = 1e-3
 
 
+def default_tie_eps(target: Any) -> float:
+    """The near-tie threshold for ``target``'s dtype: :data:`DEFAULT_TIE_EPS` in float32, 0 (no
+    replay) in bfloat16/float16. In half precision the logits are rounded to steps of 1/128 of their
+    size, so exact top-2 ties are common, and a verify forward and HF's one-row step differ by whole
+    rounding steps in the hidden states; a replay would fire every few tokens (measured on an H200:
+    chain tau 4.85 in float32 fell to 1.05 in bfloat16) without making the output HF's, whose GPU
+    kernels it does not reproduce. Half-precision decoding is then greedy on the verify logits, as
+    in vLLM and SGLang: equal to HF greedy except where rounding flips an argmax."""
+    dtype = next(target.model.parameters()).dtype
+    return DEFAULT_TIE_EPS if dtype == torch.float32 else 0.0
+
+
 def check_confidence(min_confidence: Any) -> None:
     """Refuse a confidence threshold outside [0, 1) (0 = never stop drafting early)."""
     if isinstance(min_confidence, bool) or not isinstance(min_confidence, (int, float)) or not 0 <= min_confidence < 1:
@@ -80,11 +92,14 @@ class SpeculativeDecoder:
     """
 
     def __init__(self, target: Any, head: DraftHead, tree: TreeSpec | None = None, *,
-                 tie_eps: float = DEFAULT_TIE_EPS, packed: bool | None = None, min_confidence: float = 0.0,
+                 tie_eps: float | None = None, packed: bool | None = None, min_confidence: float = 0.0,
                  lookup_ngram: int = 0, guard: DraftGuard | None = None):
         head.config.check_target(target)
-        if not isinstance(tie_eps, (int, float)) or not tie_eps >= 0:
-            raise DecodeError(f"tie_eps={tie_eps!r} must be a number >= 0 (0 = no near-tie re-check)")
+        if tie_eps is None:
+            tie_eps = default_tie_eps(target)
+        if isinstance(tie_eps, bool) or not isinstance(tie_eps, (int, float)) or not tie_eps >= 0:
+            raise DecodeError(f"tie_eps={tie_eps!r} must be a number >= 0 (0 = no near-tie re-check; "
+                              "None = the default for the target's dtype)")
         check_confidence(min_confidence)
         self.target, self.head = target, head.to(target.device).eval()
         self.tree = tree or TreeSpec.chain(4)
@@ -345,14 +360,14 @@ class SpeculativeDecoder:
 def speculative_generate(target: Any, head: DraftHead, input_ids: Any, max_new_tokens: int, *,
                          mode: str = "chain", draft_len: int = 4, depth: int = 5, top_k: int = 4,
                          total_tokens: int = 16, temperature: float = 0.0, seed: int = 0,
-                         tie_eps: float = DEFAULT_TIE_EPS) -> DecodeResult:
+                         tie_eps: float | None = None) -> DecodeResult:
     """One-call form of :class:`SpeculativeDecoder` (see there)."""
     tree = make_tree(mode, draft_len=draft_len, depth=depth, top_k=top_k, total_tokens=total_tokens)
     return SpeculativeDecoder(target, head, tree, tie_eps=tie_eps).generate(input_ids, max_new_tokens, temperature, seed)
 
 
 __all__ = [
-    "DEFAULT_TIE_EPS", "DecodeError", "DecodeResult", "DraftTree", "PackedLinears", "SpeculativeDecoder",
+    "DEFAULT_TIE_EPS", "default_tie_eps", "DecodeError", "DecodeResult", "DraftTree", "PackedLinears", "SpeculativeDecoder",
     "TargetRunner", "TreeSpec", "as_ids", "check_decode_settings", "check_tree", "eos_ids", "finish_tokens",
     "sample_token", "tree_mask",
     "greedy_generate", "hf_generate", "make_tree", "speculative_generate",

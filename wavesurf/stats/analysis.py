@@ -468,7 +468,7 @@ class _Accumulator:
                 rows = [l2_normalize_rows_(r) for r in rows]  # r is a fresh copy (masked rows)
             feed: dict[Any, Any] = {lid: r for lid, r in zip(self.layer_ids, rows)}
             if self.n_groups:
-                feed["groups"] = groups[mask]
+                feed["groups"] = groups[mask.to(groups.device)]  # group ids are made on the CPU, masks on the model's device
             for minibatch in self.shuffler.add(feed):
                 self.mb.update(minibatch, groups=minibatch.get("groups"))
 

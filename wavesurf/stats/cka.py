@@ -241,7 +241,7 @@ class MinibatchCKA:
             if groups is None:
                 raise StatsError(f"this MinibatchCKA keeps {self.n_groups} resampling groups; pass groups= with every update")
             groups = torch.as_tensor(groups)
-            groups = (groups[torch.as_tensor(mask)] if mask is not None else groups.reshape(-1)).to(self.device)
+            groups = (groups[torch.as_tensor(mask).to(groups.device)] if mask is not None else groups.reshape(-1)).to(self.device)
             if groups.numel() != rows[0].shape[0]:
                 raise StatsError(f"{groups.numel()} group ids for {rows[0].shape[0]} rows")
             if groups.numel() and (int(groups.min()) < 0 or int(groups.max()) >= self.n_groups):

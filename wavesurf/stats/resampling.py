@@ -213,8 +213,8 @@ class GroupedLayerMoments:
         if groups is None:
             raise StatsError(f"GroupedLayerMoments keeps {self.n_groups} resampling groups; pass every row's group id")
         rows = gather_layer_rows(states, self.layer_ids, mask, dim=self.dim)
-        g = torch.as_tensor(groups)
-        g = g[torch.as_tensor(mask)] if mask is not None else g.reshape(-1)
+        g = torch.as_tensor(groups).cpu()  # the sums live on the CPU, whatever device the rows come from
+        g = g[torch.as_tensor(mask).cpu()] if mask is not None else g.reshape(-1)
         n = rows[0].shape[0]
         if g.numel() != n:
             raise StatsError(f"{g.numel()} group ids for {n} selected rows")
