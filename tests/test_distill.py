@@ -266,3 +266,13 @@ def test_other_budgets_reuse_chunks(smollm, distilled):
                           on_chunk=lambda i, t: called.append(i))
     assert called and called[0] == n_chunks, (called, n_chunks)
     assert [e.meta for e in more.examples[: len(distilled)]] == [e.meta for e in distilled.examples]
+
+
+def test_batched_answers_are_redecoded_only_in_float32(smollm):
+    """float32 re-decodes near ties alone; half precision (GPU) does not: its logits tie exactly."""
+    import torch
+
+    assert distill.distill_tie_eps(smollm) == distill.TIE_EPS > 0
+    for dtype in (torch.bfloat16, torch.float16):
+        half = type("HalfTarget", (), {"model": torch.nn.Linear(2, 2).to(dtype)})()
+        assert distill.distill_tie_eps(half) == 0.0

@@ -138,12 +138,22 @@ def _processor(temperature: float, generators: list[Any] | None):
     return Recorder()
 
 
+def distill_tie_eps(target: Any) -> float:
+    """:data:`TIE_EPS` in float32; 0 in bfloat16/float16, whose logits tie exactly so often that
+    nearly every batched answer would be re-decoded alone, and whose batch-1 answers depend on
+    the GPU's kernels anyway (the same rule as ``wavesurf.drafter.decode.default_tie_eps``)."""
+    from .drafter.decode import default_tie_eps
+
+    return TIE_EPS if default_tie_eps(target) > 0 else 0.0
+
+
 def generate_batch(target: Any, prompts: list[list[int]], budgets: list[int], *, eos: set[int],
                    temperature: float = 0.0, row_seeds: list[int] | None = None,
-                   tie_eps: float = TIE_EPS, packed: bool | None = None) -> list[Answer]:
+                   tie_eps: float | None = None, packed: bool | None = None) -> list[Answer]:
     """Answers to ``prompts`` (token ids) in one left-padded HF ``generate`` call, each cut at its
     first EOS (kept) or its own token budget. Greedy answers of a batch of more than one whose
-    top-2 gap fell below ``tie_eps`` are decoded again alone (``tie_eps=0``: never). A batch of
+    top-2 gap fell below ``tie_eps`` are decoded again alone (``tie_eps=0``: never; ``None``:
+    :func:`distill_tie_eps`, no re-decode in half precision). A batch of
     more than one runs on oneDNN-packed weights (:mod:`wavesurf.packed`) where the model allows it
     (``packed=None``) or ``packed=True`` asks: the same sums in another order, which the re-decode
     covers like the padding's; a batch of one keeps HF's kernels."""
@@ -181,6 +191,8 @@ def generate_batch(target: Any, prompts: list[list[int]], budgets: list[int], *,
         row = row[:cut] if cut else row
         gap = float(gaps[r, : len(row)].min()) if gaps is not None and row else float("inf")
         answers.append(Answer(row, cut is not None, gap))
+    if tie_eps is None:
+        tie_eps = distill_tie_eps(target)
     if temperature == 0 and len(prompts) > 1 and tie_eps > 0:
         for r, a in enumerate(answers):
             if a.min_gap < tie_eps:
@@ -270,7 +282,7 @@ def distill_params(target: Any, dataset: str, split: str | None, split_seed: int
     return {"format": DISTILL_FORMAT, "wavesurf": __version__, "model": target.name, "source": target.source,
             "chat_template": target.has_chat_template, "dataset": dataset, "split": split, "split_seed": split_seed,
             "max_tokens": max_tokens, "max_len": max_len, "max_new_tokens": max_new_tokens,
-            "temperature": float(temperature), "seed": seed, "tie_eps": TIE_EPS}
+            "temperature": float(temperature), "seed": seed, "tie_eps": distill_tie_eps(target)}
 
 
 def corpus_dir(model_name: str, key: str) -> Path:
@@ -469,4 +481,4 @@ def summary(corpus: Corpus) -> dict[str, Any]:
 
 
 __all__ = ["DistillError", "distill_corpus", "generate_batch", "prompt_ids", "summary", "DEFAULT_MAX_LEN",
-           "DEFAULT_MAX_NEW_TOKENS", "TIE_EPS"]
+           "DEFAULT_MAX_NEW_TOKENS", "TIE_EPS", "distill_tie_eps"]
