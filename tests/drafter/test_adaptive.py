@@ -180,6 +180,11 @@ def test_measure_costs_and_tune_on_the_real_model(smollm, prompt):
     assert len(c.verify_seconds) == 3 and all(x > 0 for x in c.verify_seconds)
     assert c.draft_step_seconds > 0 and c.hf_token_seconds > 0 and c.plain_token_seconds > 0
     assert c.describe()["threads"] == torch.get_num_threads()
+    # measured once per process for this target, head shape and settings; reuse=False measures again
+    assert measure_costs(smollm, head, 2, context=16, repeats=1) is c
+    again = measure_costs(smollm, head, 2, context=16, repeats=1, reuse=False)
+    assert again is not c and measure_costs(smollm, head, 2, context=16, repeats=1) is again
+    assert measure_costs(smollm, head, 1, context=16, repeats=1) is not again  # other settings
     setting, _ = tune(smollm, head, [ids], max_draft_len=2, max_new_tokens=NEW, costs=c)
     plain = next(r for r in setting.candidates if r["draft_len"] == 0)
     assert setting.predicted_speedup >= plain["predicted_speedup"] - 1e-4  # candidates are rounded to 4 places

@@ -94,19 +94,45 @@ def median_seconds(fn, repeats: int) -> float:
     return statistics.median(out)
 
 
+#: cost models measured in this process, by what they depend on (see measure_costs)
+_MEASURED: dict[tuple, CostModel] = {}
+
+
+def _costs_key(target: Any, head: DraftHead, *settings: Any) -> tuple:
+    """What a cost model depends on: the loaded target, the machine's threads, the head's shape
+    (not its weights: a draft step costs the same whatever the head learned) and the settings."""
+    c = head.config
+    return (id(target.model), target.name, str(target.device), torch.get_num_threads(), type(head).__name__,
+            c.hidden_size, c.intermediate_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim,
+            c.draft_vocab_size, str(head.fc.weight.dtype), *settings)
+
+
 @torch.inference_mode()
 def measure_costs(target: Any, head: DraftHead, max_draft_len: int = 6, *, context: int = 256,
-                  repeats: int = 5, packed: bool | None = None) -> CostModel:
+                  repeats: int = 5, packed: bool | None = None, reuse: bool = True) -> CostModel:
     """Time verify forwards of 1..max_draft_len+1 tokens (the decoder's own path, packed weights
     included), one draft-head step over ``context`` cached positions, and HF ``generate`` / our
-    plain loop per token on a ``context``-token prompt. Takes a few seconds."""
-    from .baselines import hf_generate
-    from .target_runner import TargetRunner
+    plain loop per token on a ``context``-token prompt. Takes 5-15 seconds on 2 CPU cores.
 
+    ``reuse``: return the cost model measured earlier in this process for the same target, thread
+    count, head shape and settings (a speed table tunes many heads of one shape; their costs are
+    the machine's, not the heads'). ``reuse=False`` measures again and keeps the new one."""
     if not is_int(max_draft_len, 1):
         raise DecodeError(f"max_draft_len={max_draft_len!r} must be an integer >= 1")
     if not is_int(context, 8):
         raise DecodeError(f"context={context!r} must be an integer >= 8")
+    key = _costs_key(target, head, max_draft_len, context, repeats, packed)
+    if reuse and key in _MEASURED:
+        return _MEASURED[key]
+    _MEASURED[key] = costs = _measure(target, head, max_draft_len, context, repeats, packed)
+    return costs
+
+
+def _measure(target: Any, head: DraftHead, max_draft_len: int, context: int, repeats: int,
+             packed: bool | None) -> CostModel:
+    from .baselines import hf_generate
+    from .target_runner import TargetRunner
+
     dec = SpeculativeDecoder(target, head, TreeSpec.chain(max_draft_len), packed=packed)
     dev = target.device
     gen = torch.Generator().manual_seed(0)
