@@ -11,6 +11,22 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+# pytest-xdist workers (`-n 2` in the README's test command) share the machine's cores: each gets
+# its share of torch threads (inherited by the notebook kernels and CLI subprocesses it starts)
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _WORKERS > 1:
+    os.environ.setdefault("WAVESURF_THREADS", str(max(1, (os.cpu_count() or 1) // _WORKERS)))
+    import torch
+
+    torch.set_num_threads(int(os.environ["WAVESURF_THREADS"]))
+
+#: the longest tests start first, so that a worker does not begin one of them when the rest are done
+LONGEST_FIRST = ("test_notebooks_smoke_profile_through_papermill_and_nbval", "test_run_speed_table_trains_each_set")
+
+
+def pytest_collection_modifyitems(config, items):
+    items.sort(key=lambda item: not item.name.startswith(LONGEST_FIRST))  # stable: the rest keep their order
+
 
 @pytest.fixture(scope="session")
 def smollm():

@@ -16,7 +16,12 @@ from wavesurf.cli import main
 
 
 @pytest.fixture()
-def tmp_cache(tmp_path, monkeypatch):
+def tmp_cache(smollm, tmp_path, monkeypatch):
+    """A fresh WAVESURF_CACHE whose ``models`` links the real model cache (a CLI call loading the
+    target does not dequantize it again)."""
+    from wavesurf.cache import cache_root
+
+    (tmp_path / "models").symlink_to(cache_root() / "models", target_is_directory=True)
     monkeypatch.setenv("WAVESURF_CACHE", str(tmp_path))
     return tmp_path
 

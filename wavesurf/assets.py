@@ -16,7 +16,7 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-from .cache import atomic_directory, cache_root, file_sha256, read_manifest, verify_directory, write_manifest
+from .cache import atomic_directory, cache_root, entry_lock, file_sha256, read_manifest, verify_directory, write_manifest
 from .errors import MissingAssetError
 
 log = logging.getLogger(__name__)
@@ -216,13 +216,18 @@ def ensure_dequantized(name: str, deep_check: bool | None = None, rebuild: bool 
     expected = _expected_info(spec)
     if deep_check is None:
         deep_check = os.environ.get("WAVESURF_VERIFY", "") == "deep"
+    with entry_lock(final):  # processes sharing the cache dequantize once; the others wait for it
+        return _ensure(spec, final, expected, deep_check, rebuild)
+
+
+def _ensure(spec: EmbeddedModel, final: Path, expected: dict, deep_check: bool, rebuild: bool) -> Path:
     if final.exists() and not rebuild:
         manifest = read_manifest(final) or {}
         problem = verify_directory(final, deep=deep_check)
         if problem is None and all(manifest.get(k) == v for k, v in expected.items()):
             return final
         reason = problem or "built by another version"
-        warnings.warn(f"cache entry {final} is damaged or stale ({reason}); rebuilding it", stacklevel=2)
+        warnings.warn(f"cache entry {final} is damaged or stale ({reason}); rebuilding it", stacklevel=3)
     else:
         package_dir(spec.module, spec.pip_command)  # fail fast with the pip command
     _build(spec, final, expected)

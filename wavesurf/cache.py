@@ -94,12 +94,36 @@ def atomic_directory(final: Path, overwrite: bool = False) -> Iterator[Path]:
     tmp.chmod(0o777 & ~umask)  # mkdtemp makes it private; the finished entry follows the umask
     try:
         yield tmp
-        if final.exists():
-            shutil.rmtree(final)
+        old = None
+        if final.exists():  # moved aside, not deleted in place: a reader of it never sees it half gone
+            old = Path(tempfile.mkdtemp(prefix=f".{final.name}.old-", dir=final.parent))
+            os.replace(final, old / final.name)
         os.replace(tmp, final)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+@contextlib.contextmanager
+def entry_lock(final: Path) -> Iterator[None]:
+    """Hold an exclusive lock on cache entry ``final`` (a ``.lock`` file beside it) while it is
+    checked and built, so processes sharing a cache (test workers, ``torchrun`` ranks) build it
+    once: the others wait, then find it built. POSIX ``flock``; elsewhere no lock is taken."""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX
+        yield
+        return
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    with open(final.parent / f".{final.name}.lock", "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def write_manifest(directory: Path, info: Mapping[str, Any], hash_files: bool = True) -> dict:
