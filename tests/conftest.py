@@ -50,6 +50,20 @@ def sharegpt():
     return load_corpus("sharegpt")
 
 
+@pytest.fixture
+def tmp_cache(smollm, monkeypatch, tmp_path):
+    """WAVESURF_CACHE -> a fresh directory (set after the model is loaded) for results written by
+    the test (vocab counts, stores, bench rows); its ``models`` links to the real model cache, so a
+    CLI call does not dequantize again."""
+    from wavesurf.cache import cache_root
+
+    models = cache_root() / "models"
+    (tmp_path / "cache").mkdir()
+    (tmp_path / "cache" / "models").symlink_to(models, target_is_directory=True)
+    monkeypatch.setenv("WAVESURF_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
 # A small real capture of ShareGPT's statistics split, shared by the statistics and selection tests.
 SMALL = {"dataset": "sharegpt", "split": "stats", "max_tokens": 1500, "max_len": 128, "batch_tokens": 1024,
          "resample_groups": 4}

@@ -15,17 +15,6 @@ from wavesurf.cache import params_key
 from wavesurf.cli import main
 
 
-@pytest.fixture()
-def tmp_cache(smollm, tmp_path, monkeypatch):
-    """A fresh WAVESURF_CACHE whose ``models`` links the real model cache (a CLI call loading the
-    target does not dequantize it again)."""
-    from wavesurf.cache import cache_root
-
-    (tmp_path / "models").symlink_to(cache_root() / "models", target_is_directory=True)
-    monkeypatch.setenv("WAVESURF_CACHE", str(tmp_path))
-    return tmp_path
-
-
 def test_run_bench_rows_summary_and_cache(smollm, tmp_cache):
     head = untrained_head(smollm)
     settings = BenchSettings(n_prompts=1, max_new_tokens=6, mode="chain", draft_len=3)

@@ -144,7 +144,7 @@ def distill_tie_eps(target: Any) -> float:
     the GPU's kernels anyway (the same rule as ``wavesurf.drafter.decode.default_tie_eps``)."""
     from .drafter.decode import default_tie_eps
 
-    return TIE_EPS if default_tie_eps(target) > 0 else 0.0
+    return default_tie_eps(target, TIE_EPS)
 
 
 def generate_batch(target: Any, prompts: list[list[int]], budgets: list[int], *, eos: set[int],

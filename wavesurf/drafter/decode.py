@@ -64,8 +64,8 @@ from .tree import DraftTree, TreeSpec, check_tree, make_tree, tree_mask
 DEFAULT_TIE_EPS = 1e-3
 
 
-def default_tie_eps(target: Any) -> float:
-    """The near-tie threshold for ``target``'s dtype: :data:`DEFAULT_TIE_EPS` in float32, 0 (no
+def default_tie_eps(target: Any, float32_eps: float = DEFAULT_TIE_EPS) -> float:
+    """The near-tie threshold for ``target``'s dtype: ``float32_eps`` in float32, 0 (no
     replay) in bfloat16/float16. In half precision the logits are rounded to steps of 1/128 of their
     size, so exact top-2 ties are common, and a verify forward and HF's one-row step differ by whole
     rounding steps in the hidden states; a replay would fire every few tokens (measured on an H200:
@@ -73,7 +73,7 @@ def default_tie_eps(target: Any) -> float:
     kernels it does not reproduce. Half-precision decoding is then greedy on the verify logits, as
     in vLLM and SGLang: equal to HF greedy except where rounding flips an argmax."""
     dtype = next(target.model.parameters()).dtype
-    return DEFAULT_TIE_EPS if dtype == torch.float32 else 0.0
+    return float32_eps if dtype == torch.float32 else 0.0
 
 
 def check_confidence(min_confidence: Any) -> None:
