@@ -220,3 +220,20 @@ def test_state_dict_roundtrip_npz(tmp_path):
     expect = acc.covariance(0, 7).numpy() * 2 * (n - 1) / (2 * n - 1)
     R = acc.covariance(0).numpy(), acc.covariance(7).numpy()
     assert scaled_err(back.covariance(0, 7).numpy(), expect, *R) < 1e-10
+
+
+def test_masked_group_ids_follow_gather_layer_rows_order():
+    # the group id of every selected row must sit beside that row, as gather_layer_rows orders them
+    from wavesurf.stats.moments import gather_layer_rows, masked_group_ids
+
+    gen = torch.Generator().manual_seed(0)
+    states = {3: torch.arange(2 * 5, dtype=torch.float32).reshape(2, 5, 1)}
+    groups = torch.tensor([[0, 0, 0, 0, 0], [1, 1, 1, 1, 1]]) * 10 + torch.arange(5)
+    mask = torch.rand(2, 5, generator=gen) > 0.4
+    rows = gather_layer_rows(states, [3], mask)[0][:, 0]
+    ids = masked_group_ids(groups, mask)
+    assert ids.tolist() == [int(g) for g in groups[mask]]
+    # row value b*5+t pairs with id b*10+t
+    assert [int(r) // 5 * 10 + int(r) % 5 for r in rows] == ids.tolist()
+    assert masked_group_ids(groups).tolist() == groups.reshape(-1).tolist()
+    assert masked_group_ids(groups, mask, "cpu").device.type == "cpu"

@@ -33,7 +33,7 @@ from .entropy import aggregate_entropy as _aggregate_entropy
 from .entropy import aggregate_entropy2_closed_form, effective_rank, max_entropy, purity, redundancy as _redundancy
 from .entropy import redundancy2_closed_form, renyi_entropy
 from .filtering import FilterError, FilterState, TokenFilter
-from .moments import LayerMoments, gather_layer_rows, l2_normalize_rows_
+from .moments import LayerMoments, gather_layer_rows, l2_normalize_rows_, masked_group_ids
 from .resampling import (DEFAULT_GROUPS, DEFAULT_LEVEL, REPLICATED, GroupAssigner, GroupedLayerMoments, Jackknife,
                          ReplicateView, aggregate_entropy2_replicates, boundary_frequency, check_groups, jackknife,
                          redundancy2_replicates, values_and_replicates)
@@ -468,7 +468,7 @@ class _Accumulator:
                 rows = [l2_normalize_rows_(r) for r in rows]  # r is a fresh copy (masked rows)
             feed: dict[Any, Any] = {lid: r for lid, r in zip(self.layer_ids, rows)}
             if self.n_groups:
-                feed["groups"] = groups[mask.to(groups.device)]  # group ids are made on the CPU, masks on the model's device
+                feed["groups"] = masked_group_ids(groups, mask)
             for minibatch in self.shuffler.add(feed):
                 self.mb.update(minibatch, groups=minibatch.get("groups"))
 

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from wavesurf.errors import StatsError
-from wavesurf.stats.moments import LayerMoments, States, all_finite, config_differences, gather_layer_rows
+from wavesurf.stats.moments import LayerMoments, States, all_finite, config_differences, gather_layer_rows, masked_group_ids
 
 DEFAULT_MEMORY_BUDGET = 8 * 2**30  # bytes
 _MB_FORMAT = "wavesurf.stats.MinibatchCKA/1"
@@ -240,8 +240,7 @@ class MinibatchCKA:
         if self.n_groups:
             if groups is None:
                 raise StatsError(f"this MinibatchCKA keeps {self.n_groups} resampling groups; pass groups= with every update")
-            groups = torch.as_tensor(groups)
-            groups = (groups[torch.as_tensor(mask).to(groups.device)] if mask is not None else groups.reshape(-1)).to(self.device)
+            groups = masked_group_ids(groups, mask, self.device)
             if groups.numel() != rows[0].shape[0]:
                 raise StatsError(f"{groups.numel()} group ids for {rows[0].shape[0]} rows")
             if groups.numel() and (int(groups.min()) < 0 or int(groups.max()) >= self.n_groups):

@@ -35,6 +35,18 @@ _CHUNK_ELEMENTS = 2**26
 DEFAULT_GEMM_PANELS = 8
 
 
+def masked_group_ids(groups: Tensor, mask: Tensor | None = None, device: torch.device | str | None = None) -> Tensor:
+    """Return the group ids of the rows ``mask`` selects (all rows, flattened, without a mask),
+    in the row order of :func:`gather_layer_rows`, on ``device`` (default: where ``groups`` is).
+
+    Group ids are made on the CPU while masks come from the model's device (a GPU in a CUDA run),
+    so the mask is moved to the ids before indexing.
+    """
+    groups = torch.as_tensor(groups)
+    picked = groups[torch.as_tensor(mask).to(groups.device)] if mask is not None else groups.reshape(-1)
+    return picked if device is None else picked.to(device)
+
+
 def gather_layer_rows(
     states: States,
     layer_ids: Sequence[int],

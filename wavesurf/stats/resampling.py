@@ -30,7 +30,7 @@ import torch
 
 from wavesurf.errors import StatsError
 from wavesurf.stats.moments import (States, all_finite, config_differences, gather_layer_rows, l2_normalize_rows_,
-                                   shift_blocks_)
+                                    masked_group_ids, shift_blocks_)
 
 #: Resampling groups of the analyses by default: enough degrees of freedom (G - 1 = 9) for a t
 #: interval, few enough that each group still holds several sequences on a 20k-token run.
@@ -213,8 +213,7 @@ class GroupedLayerMoments:
         if groups is None:
             raise StatsError(f"GroupedLayerMoments keeps {self.n_groups} resampling groups; pass every row's group id")
         rows = gather_layer_rows(states, self.layer_ids, mask, dim=self.dim)
-        g = torch.as_tensor(groups).cpu()  # the sums live on the CPU, whatever device the rows come from
-        g = g[torch.as_tensor(mask).cpu()] if mask is not None else g.reshape(-1)
+        g = masked_group_ids(groups, mask, "cpu")  # the sums live on the CPU, whatever device the rows come from
         n = rows[0].shape[0]
         if g.numel() != n:
             raise StatsError(f"{g.numel()} group ids for {n} selected rows")
