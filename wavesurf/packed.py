@@ -45,12 +45,13 @@ class PackedLinears:
 
     def __init__(self, model: Any, rows: int = 5, select: str = "measured", repeats: int = 15):
         if not packing_available(model):
-            raise DecodeError("packed verify weights need float32 weights on the CPU and a PyTorch with oneDNN; "
-                              "use packed=False")
+            raise DecodeError("oneDNN-packed linear weights need float32 weights on the CPU and a PyTorch with oneDNN, got "
+                              f"{next(model.parameters()).dtype} on {next(model.parameters()).device}; use packed=False")
         if select not in ("measured", "all"):
             raise DecodeError(f"select={select!r} must be 'measured' or 'all'")
         if isinstance(rows, bool) or not isinstance(rows, int) or rows < 2:
-            raise DecodeError(f"rows={rows!r} must be an int >= 2 (the rows of a verify forward)")
+            raise DecodeError(f"rows={rows!r} must be an int >= 2 (the input rows of the forwards packed for: "
+                              "a verify forward or a generation batch)")
         self.model, self.rows, self.threads = model, rows, torch.get_num_threads()
         linears = [m for m in model.modules() if type(m) is torch.nn.Linear]
         by_shape: dict[tuple[int, int], list[torch.nn.Linear]] = {}
