@@ -244,3 +244,32 @@ def test_answer_template_lines_become_glue_references_and_bad_lines_are_refused(
         read_answer_template(tmp_path)
     (tmp_path / ANSWER_TEMPLATE).unlink()
     assert read_answer_template(tmp_path) == shipped  # a book without its own template uses wavesurf's
+
+
+def test_estimate_for_a_profile_without_reference_times_scales_the_default_by_budgets(monkeypatch):
+    """A profile that was never timed on the reference machine (long, paper) gets the default
+    profile's minutes scaled by the ratio of its budgets, on a CPU; on a GPU it says unknown."""
+    from wavesurf import profiles
+    from wavesurf.reproduce import estimate_remaining
+
+    monkeypatch.setitem(profiles.PROFILES["default"], "reference_minutes",
+                        {"smollm2-135m": {"01_a": 10.0, "04b_filtering_drafters": 30.0}})
+    long = profiles.get_profile("long")
+    assert not long.reference_minutes
+    ratio = profiles.drafter_work_seconds(long.drafter) / profiles.drafter_work_seconds(
+        profiles.get_profile("default").drafter)
+    assert 1.5 < ratio < 6  # ~4x the training tokens and ~3x the answers, one seed instead of two
+    scaled = profiles.scaled_reference_minutes(long)["smollm2-135m"]
+    assert scaled["01_a"] == 10.0  # the same analysis budget
+    assert abs(scaled["04b_filtering_drafters"] - 30.0 * ratio) < 1e-9
+    got = estimate_remaining(["01_a", "04b_filtering_drafters"], {}, "long", "smollm2-135m")
+    total = 60 * (10.0 + 30.0 * ratio)
+    assert got.startswith(f"~{int(round(total)) // 60}m") and "scaled by budgets" in got
+    assert estimate_remaining(["01_a"], {}, "long", "smollm2-135m", on_cpu=False).startswith(
+        "unknown (no previous run of this profile and no reference time for a GPU run)")
+    # more work means a longer estimate: doubling the training tokens raises the drafter part
+    more = dict(long.drafter, train=dict(long.drafter["train"], train_tokens=2 * long.drafter["train"]["train_tokens"]))
+    assert profiles.drafter_work_seconds(more) > profiles.drafter_work_seconds(long.drafter) * 1.3
+    # a profile with its own reference minutes keeps them
+    assert profiles.scaled_reference_minutes(profiles.get_profile("default")) == \
+        {"smollm2-135m": {"01_a": 10.0, "04b_filtering_drafters": 30.0}}

@@ -189,3 +189,62 @@ def get_profile(name: str) -> Profile:
     if not isinstance(name, str) or name not in PROFILES:
         raise ProfileError(f"unknown profile {name!r}; available: {', '.join(PROFILES)}")
     return Profile.from_dict(name, PROFILES[name])
+
+
+# ---------------------------------------------------------------------------------------------
+# Progress estimates for profiles without measured reference times
+
+#: the profile whose measured ``reference_minutes`` are scaled for profiles that have none
+BASE_PROFILE = "default"
+#: notebooks whose time follows the drafter budgets (they generate the target's answers, train and
+#: time every head); every other notebook with a reference time follows the analysis token budget
+DRAFTER_NOTEBOOKS = ("04b_filtering_drafters",)
+#: tokens per second of the work a drafter notebook does, read off notebook 04b's progress bars in
+#: an empty-cache default run on the 2-core AMD EPYC host (fresh clone of a70f5f3, 2026-12-04):
+#: the target's batched greedy answers (28k tokens in 16.4 min), head training with each head's
+#: offline scoring (36k tokens in ~47 s), the feature stores (prompts and answers, 40k tokens at
+#: ~380 tok/s) and timed decoding (HF greedy and a head, 128 tokens per prompt, 4.6k tokens in
+#: 6 min); loading, cost measurement and tuning add roughly a fixed minute. Only the ratios matter:
+#: the estimate scales the base profile's measured minutes by the ratio of the two profiles' work.
+DRAFTER_TOKENS_PER_S = {"distill": 28.5, "train": 770.0, "features": 380.0, "bench": 12.8}
+DRAFTER_FIXED_S = 60.0
+#: conversation tokens per generated answer token in the feature stores (prompts come along)
+STORE_TOKENS_PER_ANSWER_TOKEN = 1.4
+#: heads timed per dataset by the speed table (the default set, the best selected set, the best control)
+TIMED_HEADS = 3
+
+
+def drafter_work_seconds(drafter: dict[str, Any]) -> float:
+    """Seconds a profile's ``drafter`` budgets take on the reference machine, by the rates of
+    :data:`DRAFTER_TOKENS_PER_S`. The number of layer sets is known only after selection, so it is
+    bounded by what the settings allow (the default set, each method with and without the filter,
+    3 fixed controls, the random sets); sets that coincide make the true count smaller."""
+    distill = drafter.get("distill", {})
+    train = drafter.get("train", {})
+    bench = drafter.get("bench", {})
+    n_sets = 1 + 2 * len(drafter.get("methods", ())) + 3 + int(drafter.get("n_random", 0))
+    heads = n_sets * len(drafter.get("seeds", (0,))) + 2 * sum(drafter.get("curve_fractions", ()))
+    timed_tokens = (TIMED_HEADS * len(drafter.get("datasets", ())) * 2
+                    * (int(bench.get("n_prompts", 0)) + int(bench.get("n_calibration", 0)))
+                    * int(bench.get("max_new_tokens", 0)))
+    rate = DRAFTER_TOKENS_PER_S
+    answers = distill.get("train_tokens", 0) + distill.get("heldout_tokens", 0)
+    return (DRAFTER_FIXED_S + answers / rate["distill"] + answers * STORE_TOKENS_PER_ANSWER_TOKEN / rate["features"]
+            + heads * train.get("train_tokens", 0) / rate["train"] + timed_tokens / rate["bench"])
+
+
+def scaled_reference_minutes(profile: Profile) -> dict[str, dict[str, float]]:
+    """Reference minutes for a profile that has none measured: the base profile's, scaled per
+    notebook by the ratio of the budgets that notebook's time follows (the analysis token budget,
+    or :func:`drafter_work_seconds` for :data:`DRAFTER_NOTEBOOKS`). A profile with its own
+    reference minutes keeps them. Made for the CPU that measured the base: on a GPU the ratio of
+    CPU throughputs says nothing, and callers should not use it there."""
+    if profile.reference_minutes or profile.name == BASE_PROFILE:
+        return profile.reference_minutes
+    base = get_profile(BASE_PROFILE)
+    analysis_ratio = profile.analysis.max_tokens / base.analysis.max_tokens
+    base_work = drafter_work_seconds(base.drafter)
+    drafter_ratio = drafter_work_seconds(profile.drafter) / base_work if base_work else 1.0
+    return {model: {stem: minutes * (drafter_ratio if stem in DRAFTER_NOTEBOOKS else analysis_ratio)
+                    for stem, minutes in notebooks.items()}
+            for model, notebooks in base.reference_minutes.items()}

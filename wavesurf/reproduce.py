@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ReproduceError
-from .profiles import get_profile
+from .profiles import BASE_PROFILE, get_profile, scaled_reference_minutes
 
 KERNEL_NAME = "wavesurf-python"
 #: notebooks that read every model's cached results rather than one model's
@@ -233,13 +233,23 @@ def hardware() -> dict[str, Any]:
     return info
 
 
+def _runs_on_cpu(device: str) -> bool:
+    """Whether the notebooks' model runs on the CPU (``device`` as the notebooks take it)."""
+    from .models import pick_device
+
+    try:
+        return pick_device(device) == "cpu"
+    except Exception:  # the notebook refuses a bad device with its own message
+        return False
+
+
 #: reference minutes the notebooks finished in this run must add up to before their pace rescales
 #: the reference times of the rest (a few seconds of short notebooks say little about a machine)
 PACE_MIN_REFERENCE_MINUTES = 1.0
 
 
 def estimate_remaining(remaining: Sequence[str], previous: dict[str, float], profile: str, model: str,
-                       finished: dict[str, float] | None = None) -> str:
+                       finished: dict[str, float] | None = None, on_cpu: bool = True) -> str:
     """Time left for the notebooks in ``remaining``: each from the previous run of this profile
     when there is one, else from the profile's ``reference_minutes`` (an empty-cache run of the
     default model on the 2-core reference machine), else unknown. Notebooks differ by orders of
@@ -247,10 +257,21 @@ def estimate_remaining(remaining: Sequence[str], previous: dict[str, float], pro
     but the notebooks ``finished`` in this run (seconds) that have reference times say how fast
     this machine is against the reference one, and once they add up to
     :data:`PACE_MIN_REFERENCE_MINUTES` their ratio scales the remaining reference times (measured:
-    the main job's notebooks took 1.4-1.7x their reference times on a slower 2-core host)."""
-    refs = get_profile(profile).reference_minutes
+    the main job's notebooks took 1.4-1.7x their reference times on a slower 2-core host).
+
+    A profile without reference minutes of its own borrows the base profile's, scaled by the
+    ratio of the budgets (:func:`wavesurf.profiles.scaled_reference_minutes`), but only ``on_cpu``:
+    CPU throughputs say nothing about a GPU run, which then reads "unknown" until it has a
+    previous run."""
+    spec = get_profile(profile)
+    refs = spec.reference_minutes
+    scaled = not refs and on_cpu
+    if scaled:
+        refs = scaled_reference_minutes(spec)
     ref = refs.get(model) or refs.get("smollm2-135m") or {}
     ref_label = "reference machine" + ("" if model in refs else ", default model")
+    if scaled and ref:
+        ref_label += f", {BASE_PROFILE} profile's times scaled by budgets"
     done = {stem: sec for stem, sec in (finished or {}).items() if stem in ref}
     done_ref = sum(ref[stem] for stem in done)
     pace = sum(done.values()) / (60.0 * done_ref) if done_ref >= PACE_MIN_REFERENCE_MINUTES else 1.0
@@ -267,7 +288,8 @@ def estimate_remaining(remaining: Sequence[str], previous: dict[str, float], pro
         else:
             unknown.append(stem)
     if unknown and len(unknown) == len(remaining):
-        return "unknown (no previous run of this profile and no reference time)"
+        why = "no reference time" + ("" if on_cpu else " for a GPU run")
+        return f"unknown (no previous run of this profile and {why})"
     text = f"~{_fmt_s(total)} ({', '.join(sorted(sources))})"
     return text + (f" + unknown for {', '.join(unknown)}" if unknown else "")
 
@@ -297,11 +319,13 @@ def reproduce(model: str, profile: str = "default", only: str | Sequence[str] | 
         + ", ".join(s.stem for s in specs))
     carried = {scope: _stage(dirs[scope], stages[scope], [s for s in specs if s.scope == scope], profile, say)
                for scope in scopes}
+    on_cpu = _runs_on_cpu(device)
     times: dict[str, float] = {}
     t_run = time.perf_counter()
     for n, spec in enumerate(specs, 1):
         elapsed = time.perf_counter() - t_run
-        eta = estimate_remaining([s.stem for s in specs[n - 1:]], previous, profile, model, finished=times)
+        eta = estimate_remaining([s.stem for s in specs[n - 1:]], previous, profile, model, finished=times,
+                                 on_cpu=on_cpu)
         say(f"[{n}/{len(specs)}] {spec.stem}  elapsed {_fmt_s(elapsed)}, remaining {eta}")
         out = stages[spec.scope] / f"{spec.stem}.ipynb"
         try:
