@@ -43,8 +43,9 @@ def slow_rotary_dims(head_dim: int, rope_theta: float, max_distance: int = 400, 
     return pairs + [i + half for i in pairs]
 
 
-def _normalised(x: torch.Tensor) -> torch.Tensor:
-    return x * torch.rsqrt(x.double().pow(2).mean(-1, keepdim=True) + 1e-6).to(x.dtype)
+def _normalised(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMS normalisation as the head's norms apply it at initialisation (weights one, the head's eps)."""
+    return x * torch.rsqrt(x.double().pow(2).mean(-1, keepdim=True) + eps).to(x.dtype)
 
 
 def fit_key_map(head: DraftHead, batches: Any, embed: Any, max_batches: int = 8, ridge: float = 1e-2) -> tuple[torch.Tensor, float]:
@@ -56,8 +57,9 @@ def fit_key_map(head: DraftHead, batches: Any, embed: Any, max_batches: int = 8,
         for i in range(min(max_batches, len(batches))):
             b = batches[i]
             real = b["attention_mask"]
-            xs.append(_normalised(head.fuse(b["features"].to(head.fc.weight.device))[real]).double())
-            ys.append(_normalised(embed(b["input_ids"].to(head.fc.weight.device))[real]).double())
+            eps = head.config.rms_norm_eps
+            xs.append(_normalised(head.fuse(b["features"].to(head.fc.weight.device))[real], eps).double())
+            ys.append(_normalised(embed(b["input_ids"].to(head.fc.weight.device))[real], eps).double())
     if not xs:
         raise DrafterError("the feature store has no batches to fit the induction key map on")
     x, y = torch.cat(xs), torch.cat(ys)
