@@ -77,3 +77,26 @@ def test_speed_table_settings_reject_unknown_keys():
 
     with pytest.raises(WavesurfError, match=r"unknown speed-table settings \['epochs'\]"):
         SpeedTableSettings.from_profile({"epochs": 3})
+
+
+def test_verdict_sentence_names_sets_intervals_and_counts():
+    from wavesurf.speed_table import verdict_sentence
+
+    def row(name, group, ids, tau, diff, lo, hi, verdict):
+        return {"layer_set": name, "group": group, "layer_ids": ids, "tau": tau, "diff": diff, "diff_lo": lo,
+                "diff_hi": hi, "verdict": verdict}
+
+    info = {"draft_len": 4, "level": 0.95, "heldout_sequences": 15, "heldout_positions": 4212, "seeds": 1}
+    summary = [row("default", "default", "2 15 27", 1.304, 0, 0, 0, "reference"),
+               row("entropy", "selected", "17 22 27", 1.310, 0.006, -0.014, 0.029, "within noise"),
+               row("last-1", "control", "30", 1.242, -0.062, -0.086, -0.040, "worse"),
+               row("bigram", "floor", "", 1.256, -0.048, -0.081, -0.010, "worse")]
+    text = verdict_sentence(summary, info)
+    assert text.startswith("No layer set beats the default [2 15 27] (τ = 1.304) beyond its 95% interval")
+    assert "entropy [17 22 27] by +0.006 τ (95% CI -0.014 to +0.029)" in text
+    # the floor is not a layer set; one worse set and one seed read in the singular
+    assert "1 set is worse" in text and "1 training seed per set" in text and "4,212 tokens" in text
+    summary[1].update(diff=0.02, diff_lo=0.01, diff_hi=0.03, verdict="better")
+    info["seeds"] = 2
+    text = verdict_sentence(summary, info)
+    assert text.startswith("1 of 2 layer sets beat the default [2 15 27]") and "2 training seeds per set" in text

@@ -284,6 +284,11 @@ def classify(diff: dict[str, float]) -> str:
     return "within noise"
 
 
+def _count(n: Any, noun: str) -> str:
+    """``n noun`` with the noun in the plural unless n is 1."""
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
 def verdict_sentence(summary: Sequence[dict[str, Any]], info: dict[str, Any]) -> str:
     """One sentence: which sets beat the default by how much with what interval, or that none
     differs beyond its interval (the largest difference given)."""
@@ -291,8 +296,8 @@ def verdict_sentence(summary: Sequence[dict[str, Any]], info: dict[str, Any]) ->
     others = [r for r in summary if r["group"] not in ("default", "floor")]
     d, level = info.get("draft_len", 4), round(100 * info.get("level", 0.95))
     where = (f"offline chain acceptance at draft length {d} on {info.get('heldout_sequences', '?')} held-out "
-             f"sequences ({info.get('heldout_positions', '?'):,} tokens), {info.get('seeds', '?')} training seeds per set")
-    base = f"the default {default['layer_ids']} (τ = {default['tau']:.3f})"
+             f"sequences ({info.get('heldout_positions', '?'):,} tokens), {_count(info.get('seeds', '?'), 'training seed')} per set")
+    base = f"the default [{default['layer_ids']}] (τ = {default['tau']:.3f})"
     better = sorted((r for r in others if r["verdict"] == "better"), key=lambda r: -r["diff"])
     fmt = lambda r: f"{r['layer_set']} [{r['layer_ids']}] by {r['diff']:+.3f} τ ({level}% CI {r['diff_lo']:+.3f} to {r['diff_hi']:+.3f})"  # noqa: E731
     worse = sum(1 for r in others if r["verdict"] == "worse")
@@ -302,7 +307,7 @@ def verdict_sentence(summary: Sequence[dict[str, Any]], info: dict[str, Any]) ->
         top = max(others, key=lambda r: r["diff"]) if others else None
         head = f"No layer set beats {base} beyond its {level}% interval" + (
             f"; the largest difference is {fmt(top)}" if top else "")
-    return f"{head}; {worse} sets are worse ({where})."
+    return f"{head}; {worse} {'set is' if worse == 1 else 'sets are'} worse ({where})."
 
 
 def lookup_sentence(summary: Sequence[dict[str, Any]], info: dict[str, Any]) -> str:
