@@ -92,7 +92,10 @@ PROFILES: dict[str, dict[str, Any]] = {
             "06_speed_table": 0.22, "07_cross_model": 0.12}},
     },
     "long": {
-        "description": "the default analysis with drafters trained ~4x longer on ~3x more of the target's answers (<= 2 h)",
+        # measured 2026-12-04 on the 2-core AMD EPYC host (README "The long profile"): ~2 h 15 min in all
+        # there, summed over the phases of a resumed run; the Intel host's rates give ~1.5 h
+        "description": "the default analysis with drafters trained on 6.5x the tokens per head, from 3x more of the "
+                       "target's answers, one seed (~2 h 15 min on a 2-core CPU)",
         "analysis": None,  # filled from "default" below: the same statistics and layer sets
         "drafter": {
             "distill": {"train_tokens": 72_000, "heldout_tokens": 4_000, "max_new_tokens": 256, "max_len": 512,
