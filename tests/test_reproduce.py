@@ -121,6 +121,7 @@ raise RuntimeError("boom in the third cell")
 def _project(tmp_path: Path, notebooks: dict[str, str]) -> Path:
     (tmp_path / "notebooks").mkdir()
     (tmp_path / "book").mkdir()
+    (tmp_path / "book" / "_config.yml").write_text("title: test book\n")
     for name, text in notebooks.items():
         (tmp_path / "notebooks" / name).write_text(text)
     return tmp_path
@@ -164,6 +165,18 @@ def test_reproduce_rejects_bad_input_before_running(tmp_path):
     with pytest.raises(ReproduceError, match="unknown notebook"):
         reproduce("smollm2-135m", "smoke", only="7", root=root, build=False)
     assert not (root / "book" / "results").exists()
+    # a folder that is not a checkout (here: no book/_config.yml) is named before anything runs
+    (root / "book" / "_config.yml").unlink()
+    with pytest.raises(ReproduceError, match=f"{root} is not a wavesurf checkout: it needs notebooks/ and book/_config.yml"):
+        reproduce("smollm2-135m", "smoke", root=root, build=False)
+    assert not (root / "book" / "results").exists() and not (root / "runs").exists()
+
+
+def test_cli_reproduce_root_option(tmp_path, capsys):
+    from wavesurf.cli import main
+
+    assert main(["reproduce", "--root", str(tmp_path), "--no-build", "--quiet"]) == 2
+    assert f"{tmp_path} is not a wavesurf checkout" in capsys.readouterr().err
 
 
 def test_generated_pages_without_results(tmp_path):

@@ -5,6 +5,7 @@ import argparse
 import json
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
 from ._version import __version__
@@ -284,7 +285,8 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     from .reproduce import reproduce
 
     summary = reproduce(args.model, args.profile, args.only, dataset=args.dataset, max_tokens=args.max_tokens,
-                        seed=args.seed, device=args.device, build=not args.no_build, progress=not args.quiet)
+                        seed=args.seed, device=args.device, root=args.root, build=not args.no_build,
+                        progress=not args.quiet)
     _print_json(summary)
     return 0
 
@@ -303,8 +305,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.drafter == "untrained":
         head = untrained_head(target)
     else:
-        from pathlib import Path
-
         from .cache import file_sha256
         from .drafter.head import HEAD_WEIGHTS, load_head
 
@@ -489,6 +489,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_device_option(p)
     p.add_argument("--no-build", action="store_true", help="run the notebooks but do not build the book")
     p.add_argument("--quiet", action="store_true", help="no per-cell progress bars")
+    p.add_argument("--root", type=Path, default=None,
+                   help="the wavesurf checkout whose notebooks/ run and whose book/ receives the pages (default: "
+                        "the checkout this package is installed from, whatever the current directory)")
     p.set_defaults(func=cmd_reproduce)
 
     p = sub.add_parser("export", help="write a trained drafter for vLLM, SGLang, SpecForge or speculators",

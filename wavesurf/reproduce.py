@@ -304,6 +304,9 @@ def reproduce(model: str, profile: str = "default", only: str | Sequence[str] | 
 
     check_parameters(model, dataset, max_tokens, profile, seed, device)
     root = Path(root or repo_root())
+    if not (root / "notebooks").is_dir() or not (root / "book" / "_config.yml").is_file():
+        raise ReproduceError(f"{root} is not a wavesurf checkout: it needs notebooks/ and book/_config.yml "
+                             "(pass the checkout's folder as root)")
     book = root / "book"
     specs = select_notebooks(discover_notebooks(root / "notebooks"), only)
     kernel = ensure_kernel()
