@@ -222,18 +222,17 @@ def drafter_work_seconds(drafter: dict[str, Any]) -> float:
     :data:`DRAFTER_TOKENS_PER_S`. The number of layer sets is known only after selection, so it is
     bounded by what the settings allow (the default set, each method with and without the filter,
     3 fixed controls, the random sets); sets that coincide make the true count smaller."""
-    distill = drafter.get("distill", {})
-    train = drafter.get("train", {})
-    bench = drafter.get("bench", {})
-    n_sets = 1 + 2 * len(drafter.get("methods", ())) + 3 + int(drafter.get("n_random", 0))
-    heads = n_sets * len(drafter.get("seeds", (0,))) + 2 * sum(drafter.get("curve_fractions", ()))
-    timed_tokens = (TIMED_HEADS * len(drafter.get("datasets", ())) * 2
-                    * (int(bench.get("n_prompts", 0)) + int(bench.get("n_calibration", 0)))
-                    * int(bench.get("max_new_tokens", 0)))
+    from .speed_table import SpeedTableSettings  # the speed table's own defaults fill what a profile omits
+
+    st = SpeedTableSettings.from_profile(drafter)
+    n_sets = 1 + 2 * len(st.methods) + 3 + st.n_random
+    heads = n_sets * len(st.seeds) + 2 * sum(st.curve_fractions)
+    tuned = st.bench.n_calibration if st.bench.auto else 0  # only mode 'auto' tunes on calibration prompts
+    timed_tokens = TIMED_HEADS * len(st.datasets) * 2 * (st.bench.n_prompts + tuned) * st.bench.max_new_tokens
     rate = DRAFTER_TOKENS_PER_S
-    answers = distill.get("train_tokens", 0) + distill.get("heldout_tokens", 0)
+    answers = st.distill.get("train_tokens", 0) + st.distill.get("heldout_tokens", 0)
     return (DRAFTER_FIXED_S + answers / rate["distill"] + answers * STORE_TOKENS_PER_ANSWER_TOKEN / rate["features"]
-            + heads * train.get("train_tokens", 0) / rate["train"] + timed_tokens / rate["bench"])
+            + heads * st.train.get("train_tokens", 0) / rate["train"] + timed_tokens / rate["bench"])
 
 
 def scaled_reference_minutes(profile: Profile) -> dict[str, dict[str, float]]:
@@ -242,7 +241,7 @@ def scaled_reference_minutes(profile: Profile) -> dict[str, dict[str, float]]:
     or :func:`drafter_work_seconds` for :data:`DRAFTER_NOTEBOOKS`). A profile with its own
     reference minutes keeps them. Made for the CPU that measured the base: on a GPU the ratio of
     CPU throughputs says nothing, and callers should not use it there."""
-    if profile.reference_minutes or profile.name == BASE_PROFILE:
+    if profile.reference_minutes:
         return profile.reference_minutes
     base = get_profile(BASE_PROFILE)
     analysis_ratio = profile.analysis.max_tokens / base.analysis.max_tokens

@@ -235,11 +235,12 @@ def hardware() -> dict[str, Any]:
 
 def _runs_on_cpu(device: str) -> bool:
     """Whether the notebooks' model runs on the CPU (``device`` as the notebooks take it)."""
+    from .errors import DeviceError
     from .models import pick_device
 
     try:
         return pick_device(device) == "cpu"
-    except Exception:  # the notebook refuses a bad device with its own message
+    except DeviceError:  # e.g. cuda asked for but absent: the notebook refuses it with its own message
         return False
 
 

@@ -53,11 +53,11 @@ def fit_key_map(head: DraftHead, batches: Any, embed: Any, max_batches: int = 8,
     positions of up to ``max_batches`` feature batches. Returns ``M`` and the fraction of the
     embedding's variance it explains (R^2): how well the fused feature still names its token."""
     xs, ys = [], []
+    eps = head.config.rms_norm_eps
     with torch.no_grad():
         for i in range(min(max_batches, len(batches))):
             b = batches[i]
             real = b["attention_mask"]
-            eps = head.config.rms_norm_eps
             xs.append(_normalised(head.fuse(b["features"].to(head.fc.weight.device))[real], eps).double())
             ys.append(_normalised(embed(b["input_ids"].to(head.fc.weight.device))[real], eps).double())
     if not xs:
