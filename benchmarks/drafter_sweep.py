@@ -20,6 +20,7 @@ import time
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 #: name -> TrainSettings overrides on top of the baseline; each is one question
+#: ("train_tokens_scale" multiplies the baseline's token budget)
 SETTINGS = {
     "baseline": {},
     "lr3e-4": {"lr": 3e-4},
@@ -38,6 +39,9 @@ SETTINGS = {
     "ttt6": {"ttt_steps": 6},
     "warmup30": {"warmup_steps": 30},
     "tokens150k": {"train_tokens": 150_000},
+    # the head's matrix products in bfloat16 (torch.autocast): equal tokens, and equal training time
+    "bf16": {"precision": "bfloat16"},
+    "bf16_tokens1.5x": {"precision": "bfloat16", "train_tokens_scale": 1.5},
     "tokens400k": {"train_tokens": 400_000},
     # wavesurf.drafter.induction: start as a copy head; train everything, or keep fc and attention
     "induction": {"init_attention": "induction", "init_lm_head": "target"},
@@ -89,7 +93,11 @@ def main() -> None:
     rows, ref = [], None
     for name in args.only.split(","):
         t0 = time.perf_counter()
-        res = train_drafter(target, store, ids, TrainSettings(**{**base, **SETTINGS[name]}), progress=False)
+        overrides = dict(SETTINGS[name])
+        scale = overrides.pop("train_tokens_scale", 1.0)  # a budget relative to --train-tokens
+        settings = {**base, **overrides}
+        settings["train_tokens"] = round(settings["train_tokens"] * scale)
+        res = train_drafter(target, store, ids, TrainSettings(**settings), progress=False)
         head, info = load_head(res.out_dir, target)
         acc = offline_acceptance(target, head, held, max_draft_len=6, name=name, progress=False)
         ref = ref or acc

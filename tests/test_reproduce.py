@@ -283,6 +283,9 @@ def test_estimate_for_a_profile_without_reference_times_scales_the_default_by_bu
     # more work means a longer estimate: doubling the training tokens raises the drafter part
     more = dict(long.drafter, train=dict(long.drafter["train"], train_tokens=2 * long.drafter["train"]["train_tokens"]))
     assert profiles.drafter_work_seconds(more) > profiles.drafter_work_seconds(long.drafter) * 1.3
+    # heads trained in bfloat16 train faster than in float32 (profiles.TRAIN_PRECISION_SPEEDUP)
+    f32 = dict(long.drafter, train=dict(long.drafter["train"], precision="float32"))
+    assert profiles.drafter_work_seconds(f32) > profiles.drafter_work_seconds(long.drafter) * 1.1
     # a profile with its own reference minutes keeps them
     assert profiles.scaled_reference_minutes(profiles.get_profile("default")) == \
         {"smollm2-135m": {"01_a": 10.0, "04b_filtering_drafters": 30.0}}

@@ -92,17 +92,18 @@ PROFILES: dict[str, dict[str, Any]] = {
             "06_speed_table": 0.22, "07_cross_model": 0.12}},
     },
     "long": {
-        # measured 2026-12-04 on the 2-core AMD EPYC host (README "The long profile"): ~2 h 15 min in all
-        # there, summed over the phases of a resumed run; the Intel host's rates give ~1.5 h
-        "description": "the default analysis with drafters trained on 6.5x the tokens per head, from 3x more of the "
-                       "target's answers, one seed (~2 h 15 min on a 2-core CPU)",
+        # float32 heads took ~2 h 15 min in all on the 2-core AMD EPYC host (README "The long profile");
+        # the heads now train in bfloat16, 1.44x the tokens/s there at the same held-out tau
+        # (benchmarks/drafter_sweep.py, README "Drafter training options")
+        "description": "the default analysis with drafters trained on 6.5x the tokens per head (in bfloat16), from 3x "
+                       "more of the target's answers, one seed (about 2 hours on a 2-core CPU)",
         "analysis": None,  # filled from "default" below: the same statistics and layer sets
         "drafter": {
             "distill": {"train_tokens": 72_000, "heldout_tokens": 4_000, "max_new_tokens": 256, "max_len": 512,
                         "chunk_examples": 16},
             "features": {"max_len": 512, "batch_tokens": 4096},
             "train": {"train_tokens": 240_000, "ttt_steps": 3, "draft_vocab_size": 4096, "batch_tokens": 1024,
-                      "lr": 1e-3, "warmup_steps": 10, "checkpoint_every": 100},
+                      "lr": 1e-3, "warmup_steps": 10, "checkpoint_every": 100, "precision": "bfloat16"},
             "acceptance": {"draft_len": 4, "max_draft_len": 6, "n_boot": 2000, "lookup_ngram": 3},
             "bench": {"n_prompts": 6, "max_new_tokens": 128, "mode": "auto", "draft_len": 5, "n_calibration": 2,
                       "lookup_ngram": 3},
@@ -211,6 +212,9 @@ DRAFTER_NOTEBOOKS = ("04b_filtering_drafters",)
 #: the estimate scales the base profile's measured minutes by the ratio of the two profiles' work.
 DRAFTER_TOKENS_PER_S = {"distill": 28.5, "train": 770.0, "features": 380.0, "bench": 12.8}
 DRAFTER_FIXED_S = 60.0
+#: head training tokens/s relative to float32, by ``TrainSettings.precision`` (benchmarks/drafter_sweep.py
+#: on the AMD EPYC host, which has AVX512-BF16: 1,485 vs 1,030 tok/s at the default profile's settings)
+TRAIN_PRECISION_SPEEDUP = {"float32": 1.0, "bfloat16": 1.44}
 #: conversation tokens per generated answer token in the feature stores (prompts come along)
 STORE_TOKENS_PER_ANSWER_TOKEN = 1.4
 #: heads timed per dataset by the speed table (the default set, the best selected set, the best control)
@@ -231,8 +235,9 @@ def drafter_work_seconds(drafter: dict[str, Any]) -> float:
     timed_tokens = TIMED_HEADS * len(st.datasets) * 2 * (st.bench.n_prompts + tuned) * st.bench.max_new_tokens
     rate = DRAFTER_TOKENS_PER_S
     answers = st.distill.get("train_tokens", 0) + st.distill.get("heldout_tokens", 0)
+    train_speedup = TRAIN_PRECISION_SPEEDUP[st.train.get("precision", "float32")]
     return (DRAFTER_FIXED_S + answers / rate["distill"] + answers * STORE_TOKENS_PER_ANSWER_TOKEN / rate["features"]
-            + heads * st.train.get("train_tokens", 0) / rate["train"] + timed_tokens / rate["bench"])
+            + heads * st.train.get("train_tokens", 0) / (rate["train"] * train_speedup) + timed_tokens / rate["bench"])
 
 
 def scaled_reference_minutes(profile: Profile) -> dict[str, dict[str, float]]:

@@ -100,6 +100,25 @@ def test_training_learns_and_saves_a_loadable_head(smollm, tiny_store, tmp_cache
     assert again.steps == 16 and again.seconds == res.seconds
 
 
+def test_bfloat16_training_is_close_to_float32_and_keeps_float32_weights(smollm, tiny_store, tmp_cache, tmp_path):
+    base = {**FAST, "max_steps": 8, "log_every": 4}
+    assert "precision" not in TrainSettings(**base).fingerprint()  # earlier heads keep their cache keys
+    assert TrainSettings(**base, precision="bfloat16").fingerprint()["precision"] == "bfloat16"
+    f32 = train_drafter(smollm, tiny_store, LAYERS, TrainSettings(**base), tmp_path / "f32", progress=False)
+    bf16 = train_drafter(smollm, tiny_store, LAYERS, TrainSettings(**base, precision="bfloat16"), tmp_path / "bf16",
+                         progress=False)
+    assert bf16.history[-1]["loss"] < bf16.history[0]["loss"]
+    assert bf16.history[-1]["loss"] == pytest.approx(f32.history[-1]["loss"], rel=0.02)
+    a, b = load_file(str(tmp_path / "f32" / "drafter.safetensors")), load_file(str(tmp_path / "bf16" / "drafter.safetensors"))
+    assert all(b[k].dtype == a[k].dtype for k in a) and b["fc.weight"].dtype == torch.float32
+    diff = max(float((b[k].float() - a[k].float()).abs().max()) for k in a if k.endswith("weight"))
+    assert 0 < diff < 0.05  # bfloat16 products round differently, yet train the same head
+    _, info = load_head(tmp_path / "bf16", smollm)
+    assert info["settings"]["precision"] == "bfloat16"
+    with pytest.raises(DrafterError, match=r"precision='float16' is not one of \('float32', 'bfloat16'\)"):
+        TrainSettings(precision="float16").check()
+
+
 def test_interrupted_run_resumes_to_the_same_weights(smollm, tiny_store, tmp_cache, tmp_path):
     settings = TrainSettings(**{**FAST, "max_steps": 6, "checkpoint_every": 3})
     straight = train_drafter(smollm, tiny_store, LAYERS, settings, tmp_path / "a", progress=False)

@@ -47,13 +47,16 @@ from .vocab import build_draft_vocab, check_draft_vocab_size
 SCHEDULES = ("cosine", "linear", "constant")
 LM_HEAD_INITS = ("random", "target")
 ATTENTION_INITS = ("random", "induction")
+#: arithmetic of the head's forward and backward passes: "bfloat16" runs them under
+#: ``torch.autocast`` (weights, optimizer state and the loss's log-softmax stay float32)
+PRECISIONS = ("float32", "bfloat16")
 #: parts of a head ``TrainSettings.frozen`` may keep at their initial weights: name -> parameter prefixes
 FREEZABLE = {"fc": ("fc.",), "attention": ("midlayer.self_attn.", "midlayer.hidden_norm.", "midlayer.input_layernorm.")}
 TRAINER_STATE = "trainer.json"
 #: settings that do not change the trained weights (a resume may change them)
 _NOT_FINGERPRINTED = ("checkpoint_every", "log_every")
 #: options added later: left out of the fingerprint at their default, so earlier heads keep their keys
-_FINGERPRINTED_IF_SET = {"init_attention": "random", "frozen": []}  # defaults as fingerprinted
+_FINGERPRINTED_IF_SET = {"init_attention": "random", "frozen": [], "precision": "float32"}  # defaults as fingerprinted
 
 
 @dataclass
@@ -69,6 +72,9 @@ class TrainSettings:
     ``init_lm_head="target"`` starts ``lm_head`` from the target's unembedding rows of the draft
     vocabulary and ``norm`` from the target's final norm; ``input_norm="rms"`` divides each target
     stream by its root mean square before ``fc`` (see :class:`DraftConfig`).
+    ``precision="bfloat16"`` runs the head's matrix products in bfloat16 under ``torch.autocast``
+    (CPUs with AVX512-BF16 or AMX, and GPUs, do them faster; the target's soft labels, the weights
+    and AdamW stay float32); ``benchmarks/drafter_sweep.py`` measures what it changes.
     ``lr`` is higher than EAGLE-3's 5e-5 (tuned there for 800k steps) because runs here are short.
     Memory grows with ``batch_tokens * ttt_steps * draft_vocab_size`` (one float32 [tokens, V_d]
     log-softmax per unrolled step is kept for the backward pass).
@@ -92,6 +98,7 @@ class TrainSettings:
     init_attention: str = "random"
     frozen: tuple[str, ...] = ()
     input_norm: str = "none"
+    precision: str = "float32"
     checkpoint_every: int = 100
     log_every: int = 10
 
@@ -117,6 +124,8 @@ class TrainSettings:
             raise DrafterError(f"init_lm_head={self.init_lm_head!r} is not one of {LM_HEAD_INITS}")
         if self.input_norm not in INPUT_NORMS:
             raise DrafterError(f"input_norm={self.input_norm!r} is not one of {INPUT_NORMS}")
+        if self.precision not in PRECISIONS:
+            raise DrafterError(f"precision={self.precision!r} is not one of {PRECISIONS}")
         if self.schedule not in SCHEDULES:
             raise DrafterError(f"schedule={self.schedule!r} is not one of {SCHEDULES}")
         if not self.lr > 0 or not math.isfinite(self.lr):
@@ -207,7 +216,7 @@ def ttt_forward(
 
     ids, attn = batch["input_ids"], batch["attention_mask"]
     b, t = ids.shape
-    with torch.no_grad():
+    with torch.no_grad(), torch.autocast(ids.device.type, enabled=False):  # labels in float32 always
         embeds = embed(ids)
         t_logits = target_head.logits(batch["last_hidden"])  # [B, T, V_d]
         t_prob = torch.softmax(t_logits, dim=-1)
@@ -418,6 +427,11 @@ def train_drafter(
         resumed_at = state["steps"]
     window = np.asarray(state["window"], dtype=np.float64)
     step = state["steps"]
+    bf16 = settings.precision == "bfloat16"
+
+    def autocast() -> Any:
+        return torch.autocast(accelerator.device.type, dtype=torch.bfloat16, enabled=bf16)
+
     bar = tqdm(total=total_steps, initial=step, unit="step", disable=not (progress and accelerator.is_main_process),
                desc=f"train {target.name} L{','.join(map(str, ids))}")
     t_start, seconds0 = time.perf_counter(), state["seconds"]
@@ -429,7 +443,8 @@ def train_drafter(
             if within:
                 loader = accelerator.skip_first_batches(loader, within)
             for batch in loader:
-                loss, stats = model(batch, embedding, target_head, settings.ttt_steps, settings.step_weight)
+                with autocast():
+                    loss, stats = model(batch, embedding, target_head, settings.ttt_steps, settings.step_weight)
                 accelerator.backward(loss)
                 accelerator.clip_grad_norm_(model.parameters(), settings.grad_clip)
                 optimizer.step()
@@ -559,4 +574,4 @@ def train_from_features(target: Any, features: Any, layer_ids: Sequence[int], se
     return result, store, state
 
 
-__all__ = ["TrainSettings", "TrainResult", "train_drafter", "train_from_features", "ttt_forward", "ttt_masks", "lr_lambda", "SCHEDULES"]
+__all__ = ["TrainSettings", "TrainResult", "train_drafter", "train_from_features", "ttt_forward", "ttt_masks", "lr_lambda", "SCHEDULES", "PRECISIONS"]
