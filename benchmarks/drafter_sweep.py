@@ -42,6 +42,7 @@ SETTINGS = {
     # the head's matrix products in bfloat16 (torch.autocast): equal tokens, and equal training time
     "bf16": {"precision": "bfloat16"},
     "bf16_tokens1.5x": {"precision": "bfloat16", "train_tokens_scale": 1.5},
+    "bf16_tokens4x": {"precision": "bfloat16", "train_tokens_scale": 4.0},
     "tokens400k": {"train_tokens": 400_000},
     # wavesurf.drafter.induction: start as a copy head; train everything, or keep fc and attention
     "induction": {"init_attention": "induction", "init_lm_head": "target"},

@@ -289,3 +289,30 @@ def test_estimate_for_a_profile_without_reference_times_scales_the_default_by_bu
     # a profile with its own reference minutes keeps them
     assert profiles.scaled_reference_minutes(profiles.get_profile("default")) == \
         {"smollm2-135m": {"01_a": 10.0, "04b_filtering_drafters": 30.0}}
+
+
+def test_book_table_of_drafter_budgets_matches_the_profiles():
+    """book/reproducibility.md states each profile's drafter budgets by hand; they must be the profiles'."""
+    from wavesurf.speed_table import SpeedTableSettings
+
+    text = (Path(__file__).resolve().parents[1] / "book" / "reproducibility.md").read_text()
+    rows = {}
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 8 and cells[0].startswith("`") and cells[0].strip("`") in PROFILES:
+            rows[cells[0].strip("`")] = cells
+    assert set(rows) == set(PROFILES)
+
+    def num(cell: str) -> int:
+        return int(cell.split()[0].replace(",", ""))
+
+    for name, cells in rows.items():
+        st = SpeedTableSettings.from_profile(get_profile(name).drafter)
+        train_answers, heldout_answers = (num(x) for x in cells[1].split("/"))
+        assert (train_answers, heldout_answers) == (st.distill["train_tokens"], st.distill["heldout_tokens"]), name
+        assert num(cells[2]) == st.train["train_tokens"], name
+        assert cells[3] == st.train.get("precision", "float32"), name
+        assert (num(cells[4]), num(cells[5]), num(cells[6])) == (
+            st.train["ttt_steps"], st.train["draft_vocab_size"], len(st.seeds)), name
+        prompts, new_tokens = (num(x) for x in cells[7].split("×"))
+        assert (prompts, new_tokens) == (st.bench.n_prompts, st.bench.max_new_tokens), name

@@ -30,6 +30,7 @@ import math
 import os
 import shutil
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
@@ -428,6 +429,9 @@ def train_drafter(
     window = np.asarray(state["window"], dtype=np.float64)
     step = state["steps"]
     bf16 = settings.precision == "bfloat16"
+    if bf16 and accelerator.device.type == "cpu" and not cpu_has_bfloat16():
+        warnings.warn("precision='bfloat16' on a CPU without AVX512-BF16 or AMX: bfloat16 is emulated there and "
+                      "trains slower than float32", RuntimeWarning, stacklevel=2)
 
     def autocast() -> Any:
         return torch.autocast(accelerator.device.type, dtype=torch.bfloat16, enabled=bf16)
@@ -494,6 +498,14 @@ def train_drafter(
         _save_final(accelerator.unwrap_model(model).head, out, info)
     accelerator.wait_for_everyone()
     return result
+
+
+def cpu_has_bfloat16() -> bool:
+    """Whether this CPU multiplies bfloat16 natively (AVX512-BF16 or AMX), where autocast pays off."""
+    import torch
+
+    probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+    return any(getattr(torch.cpu, name, lambda: False)() for name in probes)
 
 
 def _only(items: list[Any]) -> Any:
