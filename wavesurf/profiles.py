@@ -92,11 +92,11 @@ PROFILES: dict[str, dict[str, Any]] = {
             "06_speed_table": 0.22, "07_cross_model": 0.12}},
     },
     "long": {
-        # float32 heads took ~2 h 15 min in all on the 2-core AMD EPYC host (README "The long profile");
-        # the heads now train in bfloat16, 1.44x the tokens/s there at the same held-out tau
-        # (benchmarks/drafter_sweep.py, README "Drafter training options")
+        # ~1 h 30 min in all on the quiet 2-core AMD EPYC host, summed over measured phases (README "The long
+        # profile"); float32 heads took ~5.5 min each there (~2 h 15 min in all), bfloat16 heads 171 s at the
+        # same held-out tau (benchmarks/drafter_sweep.py, README "Drafter training options")
         "description": "the default analysis with drafters trained on 6.5x the tokens per head (in bfloat16), from 3x "
-                       "more of the target's answers, one seed (about 2 hours on a 2-core CPU)",
+                       "more of the target's answers, one seed (~1 h 30 min on a 2-core CPU)",
         "analysis": None,  # filled from "default" below: the same statistics and layer sets
         "drafter": {
             "distill": {"train_tokens": 72_000, "heldout_tokens": 4_000, "max_new_tokens": 256, "max_len": 512,
