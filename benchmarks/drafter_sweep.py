@@ -67,6 +67,8 @@ def main() -> None:
     ap.add_argument("--layers", default=None, help="vLLM ids (default: the EAGLE-3 rule)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=None, help="write the rows as JSON here")
+    ap.add_argument("--lookup-ngram", type=int, default=0,
+                    help="also score each head after n-gram lookup drafting (tau_lookup; 3 as the profiles; default 0: no)")
     args = ap.parse_args()
 
     import torch
@@ -109,6 +111,10 @@ def main() -> None:
                "train_s": round(res.seconds, 1), "tok_per_s": round(res.tokens_per_second, 1),
                "heldout_coverage": info.get("vocab", {}).get("heldout_coverage"),
                "load": round(os.getloadavg()[0], 2), "wall_s": round(time.perf_counter() - t0, 1)}
+        if args.lookup_ngram:
+            after = offline_acceptance(target, head, held, max_draft_len=6, lookup_ngram=args.lookup_ngram,
+                                       name=f"{name}+lookup", progress=False)
+            row[f"tau_lookup_{args.draft_len}"] = round(after.tau(args.draft_len), 4)
         rows.append(row)
         print(json.dumps(row), flush=True)
     table = build_bigram_table(target, dataset, split=split)
