@@ -176,10 +176,11 @@ def test_cli_train(smollm, tmp_cache, tmp_path, capsys):
     args = ["train", "--layers", "2,15,27", "--dataset", "sharegpt", "--max-train-tokens", "1024", "--max-len", "128",
             "--store-layers", "train",
             "--ttt-steps", "2", "--draft-vocab", "512", "--steps", "3", "--batch-tokens", "256", "--out",
-            str(tmp_path / "cli"), "--quiet"]
+            str(tmp_path / "cli"), "--precision", "bfloat16", "--quiet"]
     assert main(args) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["steps"] == 3 and out["layer_ids"] == LAYERS and out["feature_store"]["layer_ids"] == [2, 15, 27, 30]
     assert (tmp_path / "cli" / "drafter.safetensors").is_file()
+    assert load_head(tmp_path / "cli", smollm)[1]["settings"]["precision"] == "bfloat16"
     assert main(["train", "--layers", "2,15,27", "--warmup-steps", "-1", "--quiet"]) == 2  # before the model loads
     assert "wavesurf train: error: warmup_steps=-1" in capsys.readouterr().err
