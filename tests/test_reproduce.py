@@ -293,6 +293,7 @@ def test_estimate_for_a_profile_without_reference_times_scales_the_default_by_bu
 
 def test_book_table_of_drafter_budgets_matches_the_profiles():
     """book/reproducibility.md states each profile's drafter budgets by hand; they must be the profiles'."""
+    from wavesurf.drafter.train import TrainSettings
     from wavesurf.speed_table import SpeedTableSettings
 
     text = (Path(__file__).resolve().parents[1] / "book" / "reproducibility.md").read_text()
@@ -311,7 +312,7 @@ def test_book_table_of_drafter_budgets_matches_the_profiles():
         train_answers, heldout_answers = (num(x) for x in cells[1].split("/"))
         assert (train_answers, heldout_answers) == (st.distill["train_tokens"], st.distill["heldout_tokens"]), name
         assert num(cells[2]) == st.train["train_tokens"], name
-        assert cells[3] == st.train.get("precision", "float32"), name
+        assert cells[3] == st.train.get("precision", TrainSettings.precision), name
         assert (num(cells[4]), num(cells[5]), num(cells[6])) == (
             st.train["ttt_steps"], st.train["draft_vocab_size"], len(st.seeds)), name
         prompts, new_tokens = (num(x) for x in cells[7].split("×"))
