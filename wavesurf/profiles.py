@@ -92,22 +92,23 @@ PROFILES: dict[str, dict[str, Any]] = {
             "06_speed_table": 0.22, "07_cross_model": 0.12}},
     },
     "long": {
-        # ~1 h 30 min in all on the quiet 2-core AMD EPYC host, summed over measured phases (README "The long
-        # profile"); float32 heads took ~5.5 min each there (~2 h 15 min in all), bfloat16 heads 171 s at the
-        # same held-out tau (benchmarks/drafter_sweep.py, README "Drafter training options")
-        "description": "the default analysis with drafters trained on 6.5x the tokens per head (in bfloat16), from 3x "
-                       "more of the target's answers, one seed (~1 h 30 min on a 2-core CPU)",
+        # two seeds per set at 160k tokens per head (bfloat16, ~114 s each on the 2-core AMD EPYC host, which
+        # trains at ~1,400 tok/s); one seed at 240k took ~1 h 30 min in all there (README "The long profile").
+        # float32 heads train 1.44x slower at the same held-out tau (benchmarks/drafter_sweep.py, README
+        # "Drafter training options")
+        "description": "the default analysis with drafters trained on 4.4x the tokens per head (in bfloat16), from 3x "
+                       "more of the target's answers, two seeds (under 2 hours on a 2-core CPU)",
         "analysis": None,  # filled from "default" below: the same statistics and layer sets
         "drafter": {
             "distill": {"train_tokens": 72_000, "heldout_tokens": 4_000, "max_new_tokens": 256, "max_len": 512,
                         "chunk_examples": 16},
             "features": {"max_len": 512, "batch_tokens": 4096},
-            "train": {"train_tokens": 240_000, "ttt_steps": 3, "draft_vocab_size": 4096, "batch_tokens": 1024,
+            "train": {"train_tokens": 160_000, "ttt_steps": 3, "draft_vocab_size": 4096, "batch_tokens": 1024,
                       "lr": 1e-3, "warmup_steps": 10, "checkpoint_every": 100, "precision": "bfloat16"},
             "acceptance": {"draft_len": 4, "max_draft_len": 6, "n_boot": 2000, "lookup_ngram": 3},
             "bench": {"n_prompts": 6, "max_new_tokens": 128, "mode": "auto", "draft_len": 5, "n_calibration": 2,
                       "lookup_ngram": 3},
-            "datasets": ["mt-bench", "humaneval"], "seeds": [0],
+            "datasets": ["mt-bench", "humaneval"], "seeds": [0, 1],
             "methods": ["entropy", "aggregate", "cka", "combined"], "n_random": 1,
             "curve_fractions": [0.25],
         },
