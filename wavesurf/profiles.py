@@ -92,8 +92,9 @@ PROFILES: dict[str, dict[str, Any]] = {
             "06_speed_table": 0.22, "07_cross_model": 0.12}},
     },
     "long": {
-        # two seeds per set at 160k tokens per head (bfloat16, ~114 s each on the 2-core AMD EPYC host, which
-        # trains at ~1,400 tok/s); one seed at 240k took ~1 h 30 min in all there (README "The long profile").
+        # two seeds per set at 160k tokens per head (bfloat16, ~111 s each at ~1,440 tok/s on the 2-core AMD
+        # EPYC host): 1 h 40 min in all there from a fresh clone with an empty cache (README "The long
+        # profile"); one seed at 240k took ~1 h 30 min.
         # float32 heads train 1.44x slower at the same held-out tau (benchmarks/drafter_sweep.py, README
         # "Drafter training options")
         "description": "the default analysis with drafters trained on 4.4x the tokens per head (in bfloat16), from 3x "
@@ -211,6 +212,9 @@ DRAFTER_NOTEBOOKS = ("04b_filtering_drafters",)
 #: ~380 tok/s) and timed decoding (HF greedy and a head, 128 tokens per prompt, 4.6k tokens in
 #: 6 min); loading, cost measurement and tuning add roughly a fixed minute. Only the ratios matter:
 #: the estimate scales the base profile's measured minutes by the ratio of the two profiles' work.
+#: Checked against the long profile's fresh-clone run (commit 352a39b, same host): at the start of
+#: 04b it estimated ~115 min, and 04b took 91 min; that run's own rates (answers 51 tok/s, bfloat16
+#: training with scoring ~1,320 tok/s, stores 400 tok/s, timed 15 tok/s) move the ratio by under 2%.
 DRAFTER_TOKENS_PER_S = {"distill": 28.5, "train": 770.0, "features": 380.0, "bench": 12.8}
 DRAFTER_FIXED_S = 60.0
 #: head training tokens/s relative to float32, by ``TrainSettings.precision`` (benchmarks/drafter_sweep.py
