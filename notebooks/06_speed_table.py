@@ -120,6 +120,8 @@ lookup = table.row("lookup")
 train = settings.train
 timed_default = [r for r in table.timed if r["role"] == "default"]
 glue("verdict", table.verdict, display=False)
+glue("selection_verdict", table.selection_verdict or "This table has no selected set or no control to compare.",
+     display=False)
 glue("n_sets", len(sets), display=False)
 glue("n_seeds", len(settings.seeds), display=False)
 glue("n_drafters", len({r["drafter"] for r in table.rows}), display=False)
@@ -158,6 +160,10 @@ glue("n_runs", sum(int(r["prompts"] or 0) for r in table.timed), display=False)
 
 # %% [markdown]
 # **Verdict.** {glue:text}`verdict`
+#
+# **Selection or region?** A set can beat the default by reading a better region of layers, which a
+# random set from that region does too; only beating the controls credits the selection criterion.
+# {glue:text}`selection_verdict`
 #
 # ```{glue:figure} fig_speed
 # Offline acceptance length τ at draft length {glue:text}`draft_len` per layer set (left; mean over

@@ -64,6 +64,7 @@ def test_run_speed_table_trains_each_set_and_seed_once(smollm):
     last = summary["last-1"]
     assert last["diff_lo"] <= last["diff"] <= last["diff_hi"] and last["verdict"] in ("better", "worse", "within noise")
     assert "the default [2 15 27]" in table.verdict or "the default" in table.verdict
+    assert table.selection_verdict == ""  # no selected set in this table: nothing to pair with the control
     assert {r["role"] for r in table.timed} == {"default", "best control"}
     assert all(r["lossless_prompts"] == r["prompts"] == 1 for r in table.timed)
     assert [c["fraction"] for c in table.curve if c["layer_set"] == "default"] == [0.5, 1.0]
@@ -100,3 +101,22 @@ def test_verdict_sentence_names_sets_intervals_and_counts():
     info["seeds"] = 2
     text = verdict_sentence(summary, info)
     assert text.startswith("1 of 2 layer sets beat the default [2 15 27]") and "2 training seeds per set" in text
+
+
+def test_selection_sentence_pairs_the_best_selected_set_with_the_best_control():
+    """The paired difference selected - control decides the verb; the interval is quoted."""
+    from wavesurf.speed_table import selection_sentence
+
+    sel = {"layer_set": "entropy", "layer_ids": "17 22 27", "tau": 1.271}
+    ctl = {"layer_set": "random-1", "layer_ids": "16 19 24", "tau": 1.270}
+    info = {"level": 0.95}
+    same = {"diff": 0.001, "diff_lo": -0.011, "diff_hi": 0.013, "diff_seed_min": -0.004, "diff_seed_max": 0.005}
+    text = selection_sentence(sel, ctl, same, info)
+    assert text == ("The best selected set, entropy [17 22 27] (τ = 1.271), does not differ beyond the interval from "
+                    "the best control, random-1 [16 19 24] (τ = 1.270): +0.001 τ (95% CI -0.011 to +0.013).")
+    ahead = {"diff": 0.02, "diff_lo": 0.01, "diff_hi": 0.03, "diff_seed_min": 0.015, "diff_seed_max": 0.025}
+    assert " beats the best control" in selection_sentence(sel, ctl, ahead, info)
+    # an interval that excludes 0 while one seed disagrees is not a win (classify's rule)
+    assert "does not differ" in selection_sentence(sel, ctl, {**ahead, "diff_seed_min": -0.001}, info)
+    behind = {"diff": -0.02, "diff_lo": -0.03, "diff_hi": -0.01, "diff_seed_min": -0.025, "diff_seed_max": -0.015}
+    assert "falls behind the best control" in selection_sentence(sel, ctl, behind, info)

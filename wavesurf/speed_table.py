@@ -261,6 +261,20 @@ class SpeedTable:
         return lookup_sentence(self.summary, self.info)
 
     @property
+    def selection_verdict(self) -> str:
+        """One sentence: the best selected set paired against the best control (fixed or random
+        sets). Beating the default can come from reading a better region of layers, which a
+        random set of that region does too; only beating the controls credits the selection
+        criterion. Empty when the table has no selected set or no control."""
+        try:
+            selected = self.best(("selected", "selected+filter"))
+            control = self.best(("control",))
+        except ValueError:  # max() of no rows
+            return ""
+        diff = self.compare(selected["layer_set"], control["layer_set"])
+        return selection_sentence(selected, control, diff, self.info)
+
+    @property
     def timed_setting(self) -> str:
         """One sentence on what the timed heads ran at (mode 'auto': the chosen chain lengths)."""
         if not self.timed or self.timed[0].get("predicted_speedup", "") in ("", None):
@@ -308,6 +322,17 @@ def verdict_sentence(summary: Sequence[dict[str, Any]], info: dict[str, Any]) ->
         head = f"No layer set beats {base} beyond its {level}% interval" + (
             f"; the largest difference is {fmt(top)}" if top else "")
     return f"{head}; {worse} {'set is' if worse == 1 else 'sets are'} worse ({where})."
+
+
+def selection_sentence(selected: dict[str, Any], control: dict[str, Any], diff: dict[str, float],
+                       info: dict[str, Any]) -> str:
+    """The best selected set against the best control, by their paired difference ``diff``
+    (selected - control, as from :meth:`SpeedTable.compare`) and :func:`classify`."""
+    level = round(100 * info.get("level", 0.95))
+    verb = {"better": "beats", "worse": "falls behind"}.get(classify(diff), "does not differ beyond the interval from")
+    name = lambda r: f"{r['layer_set']} [{r['layer_ids']}] (τ = {r['tau']:.3f})"  # noqa: E731
+    return (f"The best selected set, {name(selected)}, {verb} the best control, {name(control)}: "
+            f"{diff['diff']:+.3f} τ ({level}% CI {diff['diff_lo']:+.3f} to {diff['diff_hi']:+.3f}).")
 
 
 def lookup_sentence(summary: Sequence[dict[str, Any]], info: dict[str, Any]) -> str:
