@@ -19,6 +19,8 @@ import time
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+#: draft lengths every head, the lookup rows and the bigram floor are scored up to (as the profiles)
+MAX_DRAFT_LEN = 6
 #: name -> TrainSettings overrides on top of the baseline; each is one question
 #: ("train_tokens_scale" multiplies the baseline's token budget)
 SETTINGS = {
@@ -102,7 +104,7 @@ def main() -> None:
         settings["train_tokens"] = round(settings["train_tokens"] * scale)
         res = train_drafter(target, store, ids, TrainSettings(**settings), progress=False)
         head, info = load_head(res.out_dir, target)
-        acc = offline_acceptance(target, head, held, max_draft_len=6, name=name, progress=False)
+        acc = offline_acceptance(target, head, held, max_draft_len=MAX_DRAFT_LEN, name=name, progress=False)
         ref = ref or acc
         ci = bootstrap_tau([acc], args.draft_len, baseline=[ref])
         row = {"setting": name, **{f"tau_{d}": round(acc.tau(d), 4) for d in acc.draft_lens},
@@ -112,13 +114,13 @@ def main() -> None:
                "heldout_coverage": info.get("vocab", {}).get("heldout_coverage"),
                "load": round(os.getloadavg()[0], 2), "wall_s": round(time.perf_counter() - t0, 1)}
         if args.lookup_ngram:
-            after = offline_acceptance(target, head, held, max_draft_len=6, lookup_ngram=args.lookup_ngram,
+            after = offline_acceptance(target, head, held, max_draft_len=MAX_DRAFT_LEN, lookup_ngram=args.lookup_ngram,
                                        name=f"{name}+lookup", progress=False)
             row[f"tau_lookup_{args.draft_len}"] = round(after.tau(args.draft_len), 4)
         rows.append(row)
         print(json.dumps(row), flush=True)
     table = build_bigram_table(target, dataset, split=split)
-    floor = bigram_acceptance(target, table, held, max_draft_len=6, progress=False)
+    floor = bigram_acceptance(target, table, held, max_draft_len=MAX_DRAFT_LEN, progress=False)
     ci = bootstrap_tau([floor], args.draft_len, baseline=[ref])
     print(json.dumps({"setting": "bigram floor", **{f"tau_{d}": round(floor.tau(d), 4) for d in floor.draft_lens},
                       "step0_acc": round(floor.step_accuracy[0], 4), "diff": round(ci["diff"], 4),

@@ -266,11 +266,11 @@ class SpeedTable:
         sets). Beating the default can come from reading a better region of layers, which a
         random set of that region does too; only beating the controls credits the selection
         criterion. Empty when the table has no selected set or no control."""
-        try:
-            selected = self.best(("selected", "selected+filter"))
-            control = self.best(("control",))
-        except ValueError:  # max() of no rows
+        selected_groups, control_groups = ("selected", "selected+filter"), ("control",)
+        groups = {r["group"] for r in self.summary}
+        if groups.isdisjoint(selected_groups) or groups.isdisjoint(control_groups):
             return ""
+        selected, control = self.best(selected_groups), self.best(control_groups)
         diff = self.compare(selected["layer_set"], control["layer_set"])
         return selection_sentence(selected, control, diff, self.info)
 
@@ -298,6 +298,11 @@ def classify(diff: dict[str, float]) -> str:
     return "within noise"
 
 
+def _percent(info: dict[str, Any]) -> int:
+    """The table's confidence level in percent (95 unless the table says otherwise)."""
+    return round(100 * info.get("level", 0.95))
+
+
 def _count(n: Any, noun: str) -> str:
     """``n noun`` with the noun in the plural unless n is 1."""
     return f"{n} {noun}" + ("" if n == 1 else "s")
@@ -308,7 +313,7 @@ def verdict_sentence(summary: Sequence[dict[str, Any]], info: dict[str, Any]) ->
     differs beyond its interval (the largest difference given)."""
     default = next(r for r in summary if r["group"] == "default")
     others = [r for r in summary if r["group"] not in ("default", "floor")]
-    d, level = info.get("draft_len", 4), round(100 * info.get("level", 0.95))
+    d, level = info.get("draft_len", 4), _percent(info)
     where = (f"offline chain acceptance at draft length {d} on {info.get('heldout_sequences', '?')} held-out "
              f"sequences ({info.get('heldout_positions', '?'):,} tokens), {_count(info.get('seeds', '?'), 'training seed')} per set")
     base = f"the default [{default['layer_ids']}] (τ = {default['tau']:.3f})"
@@ -328,7 +333,7 @@ def selection_sentence(selected: dict[str, Any], control: dict[str, Any], diff: 
                        info: dict[str, Any]) -> str:
     """The best selected set against the best control, by their paired difference ``diff``
     (selected - control, as from :meth:`SpeedTable.compare`) and :func:`classify`."""
-    level = round(100 * info.get("level", 0.95))
+    level = _percent(info)
     verb = {"better": "beats", "worse": "falls behind"}.get(classify(diff), "does not differ beyond the interval from")
     name = lambda r: f"{r['layer_set']} [{r['layer_ids']}] (τ = {r['tau']:.3f})"  # noqa: E731
     return (f"The best selected set, {name(selected)}, {verb} the best control, {name(control)}: "
@@ -341,7 +346,7 @@ def lookup_sentence(summary: Sequence[dict[str, Any]], info: dict[str, Any]) -> 
     over = info.get("head_over_lookup")
     if not over:
         return ""
-    level = round(100 * info.get("level", 0.95))
+    level = _percent(info)
     others = [r for r in summary if r["group"] not in ("default", "floor") and "lookup_diff" in r]
     beyond = [r for r in others if r["lookup_diff_lo"] > 0 or r["lookup_diff_hi"] < 0]
     text = (f"After lookup, the default set's head adds {over['diff']:+.3f} τ over lookup alone ({level}% CI "
