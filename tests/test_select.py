@@ -95,13 +95,18 @@ def test_unknown_method_lists_methods(small_stats):
 
 def test_eagle_config_snippets(small_stats):
     s = select_layers(small_stats, 3, "default")
-    assert s.eagle_config("specforge") == {"eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 14, 26],
-                                                            "use_aux_hidden_state": True}}
-    assert s.eagle_config("vllm") == {"eagle_aux_hidden_state_layer_ids": [2, 15, 27]}
-    assert s.eagle_config("sglang")["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 14, 26]
+    llama = "LlamaForCausalLM"
+    assert s.eagle_config("specforge", llama) == {"eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 14, 26],
+                                                                   "use_aux_hidden_state": True}, "fc_norm": False}
+    assert s.eagle_config("vllm", llama) == {"eagle_aux_hidden_state_layer_ids": [2, 15, 27],
+                                             "num_aux_hidden_states": 3, "fc_norm": False}
+    assert s.eagle_config("sglang", llama)["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 14, 26]
+    with pytest.raises(ConsumerError, match="rule for an unknown target architecture was not read"):
+        s.eagle_config("sglang")
     with_embedding = select_layers(small_stats, 31, "combined", candidates=range(31))
     with pytest.raises(ConsumerError, match=r"\[0, 30\] cannot be served"):
-        with_embedding.eagle_config("specforge")
+        with_embedding.eagle_config("sglang", llama)
+    assert with_embedding.eagle_config("vllm", llama)["num_aux_hidden_states"] == 31  # vLLM captures 0..N
 
 
 def test_selection_recurrence_over_resamples(interval_stats, small_batches):

@@ -10,6 +10,7 @@ from typing import Any
 
 from ._version import __version__
 from .assets import CORPUS_ASSETS, DEFAULT_MODEL, EMBEDDED_MODELS
+from .consumers import FORMATS, describe_formats
 from .errors import ParameterError
 
 
@@ -185,39 +186,58 @@ def cmd_select(args: argparse.Namespace) -> int:
     if args.method == "entropy" and args.min_spacing is not None:
         options["min_spacing"] = args.min_spacing
     selection = select_layers(stats, k=args.k, method=args.method, candidates=candidates, **options)
-    from .consumers import servable_formats
+    from .consumers import architecture_of, servable_formats
 
     out = selection.to_dict()
-    # which export formats can serve these ids (none when the set holds id 0 or N, which no serving
-    # stack captures): known before a drafter is trained on them
-    out["export_formats"] = servable_formats(selection.layer_ids, target.n_layers)
+    # which export formats can serve these ids on this target: known before a drafter is trained on them
+    architecture = architecture_of(target)
+    out["export_formats"] = servable_formats(selection.layer_ids, target.n_layers, architecture)
     if stats.has_intervals and candidates is None:  # how often the set recurs, one group of conversations left out
         out["chosen_in_resamples"] = round(selection_recurrence(stats, args.k, args.method, **options), 4)
     if args.eagle_config:
-        out = selection.eagle_config(args.eagle_config)
+        out = selection.eagle_config(args.eagle_config, architecture)
     _print_json(out)
     return 0
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from .drafter.export import check_dtype, check_format, export_drafter, written_layer_ids
+    from .drafter.export import (check_dtype, check_export, check_format, export_drafter, plan_export,
+                                 resolve_architecture)
     from .drafter.head import load_head
 
+    if args.check is not None:
+        n_layers = architecture = None
+        if args.model is not None:
+            from .consumers import architecture_of
+            from .models import load_target
+
+            target = load_target(args.model, device="cpu")
+            n_layers, architecture = target.n_layers, architecture_of(target)
+        report = check_export(args.check, n_layers=n_layers, architecture=args.target_architecture or architecture)
+        _print_json(report)
+        return 1 if report["ok"] is False else 0
+    missing = [flag for flag, value in (("--drafter", args.drafter), ("--format", args.format), ("--out", args.out))
+               if value is None]
+    if missing:
+        raise ParameterError(f"export needs {', '.join(missing)} (or --check DIR to inspect an export)")
     check_format(args.format)
     check_dtype(args.dtype)
     head, info = load_head(args.drafter)
     c = head.config
-    ids_written = written_layer_ids(args.format, list(c.layer_ids), c.target_n_layers)  # refuse before loading
+    architecture = resolve_architecture(c, args.target_architecture)
+    # refuse before loading the target
+    cons, _, ids_written = plan_export(c, args.format, consumer_version=args.consumer_version, architecture=architecture)
     target = None
     if args.with_embedding:
         from .models import load_target
 
-        target = load_target(head.config.target_name, device="cpu")
+        target = load_target(c.extra.get("target_path") or c.target_name, device="cpu")
     out = export_drafter(head, args.format, args.out, include_embedding=target, verifier=args.verifier,
-                         verifier_architecture=args.verifier_architecture, dtype=args.dtype,
+                         target_architecture=architecture, consumer_version=cons.version, dtype=args.dtype,
                          speculative_tokens=args.speculative_tokens, overwrite=args.overwrite)
-    _print_json({"out": str(out), "format": args.format, "target": c.target_name, "layer_ids": c.layer_ids,
-                 "ids_written": ids_written, "dtype": args.dtype, "draft_vocab_size": c.draft_vocab_size})
+    _print_json({"out": str(out), "format": args.format, "consumer": cons.label, "target": c.target_name,
+                 "target_architecture": architecture, "layer_ids": c.layer_ids, "ids_written": ids_written,
+                 "input_norm": c.input_norm, "dtype": args.dtype, "draft_vocab_size": c.draft_vocab_size})
     return 0
 
 
@@ -435,8 +455,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--trade-off", type=float, default=0.5,
                    help="combined: weight t of diversity (1 - mean CKA) against normalised entropy (default 0.5)")
     p.add_argument("--min-spacing", type=int, default=None, help="entropy: minimum distance between picked ids (default N // 2k)")
-    p.add_argument("--eagle-config", choices=["vllm", "sglang", "sglang-legacy", "specforge", "speculators"],
-                   default=None,
+    p.add_argument("--eagle-config", choices=list(FORMATS), default=None,
                    help="print the drafter-config snippet for that consumer instead, its ids written by its own "
                         "rule (see `wavesurf export --help`)")
     _add_analysis_options(p)
@@ -496,28 +515,38 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_reproduce)
 
     p = sub.add_parser("export", help="write a trained drafter for vLLM, SGLang, SpecForge or speculators",
+                       formatter_class=argparse.RawDescriptionHelpFormatter,
                        description="Export a drafter directory (written by `wavesurf train`) for the consumer that "
-                                   "will read it. Each format writes the layer ids in the convention and the place "
-                                   "its consumer reads them: 'vllm' (top-level eagle_aux_hidden_state_layer_ids, "
-                                   "vLLM ids), 'sglang' (SGLang with PR #25454: +1 only when the first id is 1), "
-                                   "'sglang-legacy' (older SGLang: always +1), 'specforge' (three 'output of block "
-                                   "k' ids) and 'speculators' (vLLM's native format, any number of layers, verifier "
-                                   "HF id and architecture). Ids a consumer cannot capture (0 and N) and layer "
-                                   "counts other than 3 for fixed-width consumers are refused.")
-    p.add_argument("--drafter", required=True, help="drafter directory (wavesurf-drafter.json + drafter.safetensors)")
-    p.add_argument("--format", required=True, help="vllm, sglang, sglang-legacy, specforge or speculators")
-    p.add_argument("--out", required=True, help="output directory (must not exist unless --overwrite)")
+                                   "will read it, in the place, layer-id convention and fc width that consumer "
+                                   "reads (rules read from the released packages, per target architecture where "
+                                   "they differ). A head a consumer cannot read is refused, naming the reason and "
+                                   "the formats that can. `--check DIR` says which layers each consumer version "
+                                   "reads for an existing export.\n\nFormats (consumer, versions read, what it "
+                                   "refuses):\n" + describe_formats())
+    p.add_argument("--drafter", default=None, help="drafter directory (wavesurf-drafter.json + drafter.safetensors)")
+    p.add_argument("--format", default=None, help=", ".join(FORMATS))
+    p.add_argument("--out", default=None, help="output directory (must not exist unless --overwrite)")
+    p.add_argument("--consumer-version", default=None,
+                   help="the consumer's version whose rule to write for (default: the newest read; see above)")
+    p.add_argument("--target-architecture", "--verifier-architecture", dest="target_architecture", default=None,
+                   help="the target's HF architecture, e.g. LlamaForCausalLM (default: the embedded model's, or "
+                        "the config of the directory or HF cache entry the head was trained on); SGLang's id "
+                        "rule depends on it")
     p.add_argument("--dtype", default="bfloat16", help="weight dtype: bfloat16 (default), float16 or float32")
     p.add_argument("--overwrite", action="store_true", help="replace an existing output directory")
     p.add_argument("--with-embedding", action="store_true",
                    help="also store the target's input embedding as embed_tokens.weight (servers use the target's anyway)")
     p.add_argument("--verifier", default=None,
                    help="speculators: the target's HF id or path (default: the embedded model's HF id, e.g. "
-                        "HuggingFaceTB/SmolLM2-135M-Instruct, or the target's own id)")
-    p.add_argument("--verifier-architecture", default=None,
-                   help="speculators: the target's HF architecture (default: read from the target's config)")
+                        "HuggingFaceTB/SmolLM2-135M-Instruct, or the local directory the head was trained on)")
     p.add_argument("--speculative-tokens", type=_positive_int, default=3,
                    help="speculators: default number of speculative tokens (default 3)")
+    p.add_argument("--check", default=None, metavar="DIR",
+                   help="instead of exporting: read the exported config in DIR and print, per consumer version, "
+                        "the vLLM layer ids it will read, its fc width and fc_norm, against the head's (exit 1 "
+                        "when the consumer it was written for reads other layers)")
+    p.add_argument("--model", default=None,
+                   help="--check of an export without wavesurf metadata: the target (name or path) it is for")
     p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("train", help="train an EAGLE-3 drafter on chosen target layers",

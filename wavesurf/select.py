@@ -49,14 +49,15 @@ class Selection:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
-    def eagle_config(self, flavour: str = "specforge") -> dict[str, Any]:
+    def eagle_config(self, flavour: str = "specforge", architecture: str | None = None) -> dict[str, Any]:
         """The snippet a drafter config for consumer ``flavour`` (a :data:`wavesurf.consumers.FORMATS`
-        name) needs to read these layers, by that consumer's own id rule."""
+        name) needs to read these layers of a target of ``architecture`` (its HF class, e.g.
+        ``LlamaForCausalLM``: SGLang's id rule depends on it), by that consumer's own rule."""
         from .consumers import config_snippet
 
         if self.n_layers is None:
             raise SelectionError("this selection does not record its target's number of layers; select again")
-        return config_snippet(flavour, self.layer_ids, self.n_layers)
+        return config_snippet(flavour, self.layer_ids, self.n_layers, architecture)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -38,7 +38,8 @@ def _draft(head, smollm, steps=4):
     return tokens, out.logits
 
 
-ALL = ["vllm", "sglang", "sglang-legacy", "specforge", "speculators"]
+ALL = ["vllm", "sglang", "specforge", "speculators"]
+LLAMA = "LlamaForCausalLM"
 
 
 @pytest.mark.parametrize("fmt", ALL)
@@ -66,58 +67,85 @@ def test_bfloat16_by_default(head, smollm, tmp_path):
         export_drafter(head, "vllm", tmp_path / "i8", dtype="int8")
 
 
-def _ids(fmt, layer_ids, n=30):
-    return written_layer_ids(fmt, layer_ids, n)
+def _ids(fmt, layer_ids, n=30, arch=LLAMA, **kw):
+    return written_layer_ids(fmt, layer_ids, n, arch, **kw)
 
 
 def test_each_consumer_reads_the_ids_the_head_was_trained_on(head, tmp_path):
-    """The ids written follow each consumer's reading rule (see export.py for the upstream files),
-    and applying that rule to the written config gives back the head's vLLM ids."""
+    """The ids written follow each consumer's reading rule for a llama target (tests/test_consumers.py
+    runs the released consumers' own code on them), and that rule gives back the head's vLLM ids."""
     configs = {fmt: json.loads((export_drafter(head, fmt, tmp_path / fmt) / "config.json").read_text()) for fmt in ALL}
     assert configs["vllm"]["eagle_aux_hidden_state_layer_ids"] == [3, 15, 27]  # vLLM: top level, as is
-    assert "eagle_config" not in configs["vllm"]
+    assert "eagle_config" not in configs["vllm"] and configs["vllm"]["num_aux_hidden_states"] == 3
     assert configs["speculators"]["eagle_aux_hidden_state_layer_ids"] == [3, 15, 27]
-    assert configs["sglang-legacy"]["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [2, 14, 26]  # always +1
+    assert configs["speculators"]["transformer_layer_config"]["num_aux_hidden_states"] == 3
+    # released SGLang (0.5.14 and 0.5.23) adds +1 to every id of a llama target, whatever the first id
+    assert configs["sglang"]["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [2, 14, 26]
     assert configs["specforge"]["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [2, 14, 26]
-    # SGLang with PR #25454: first id != 1 -> read as vLLM ids
-    assert configs["sglang"]["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [3, 15, 27]
     for fmt, cfg in configs.items():
-        assert read_layer_ids(fmt, cfg) == [3, 15, 27], fmt
+        assert read_layer_ids(cfg, fmt, 30, LLAMA) == [3, 15, 27], fmt
         assert cfg["norm_before_residual"] is False and cfg["draft_vocab_size"] == 4096
-    for fmt in ("vllm", "sglang", "sglang-legacy", "specforge"):
+        assert cfg["fc_norm"] is False
+        assert cfg["wavesurf"]["consumer"]["target_architecture"] == LLAMA
+    for fmt in ("vllm", "sglang", "specforge"):
         assert configs[fmt]["architectures"] == ["LlamaForCausalLMEagle3"] and configs[fmt]["vocab_size"] == 49152
     assert configs["speculators"]["transformer_layer_config"]["vocab_size"] == 49152
 
 
-def test_sglang_rule_by_first_id():
-    # SGLang's rule applied by hand: +1 exactly when the first written id is 1
-    def sglang_reads(written):
-        return [i + 1 for i in written] if written[0] == 1 else list(written)
+def test_sglang_rule_by_architecture_and_version():
+    for ids in ([2, 15, 27], [3, 15, 27], [1, 15, 27], [5, 9, 29]):
+        assert _ids("sglang", ids) == [i - 1 for i in ids]  # llama: always +1
+        assert _ids("sglang", ids, arch="Gemma3ForCausalLM") == [i - 1 for i in ids]
+    # deepseek_v2: +1 only when the first id is 1
+    assert _ids("sglang", [2, 15, 27], arch="DeepseekV3ForCausalLM") == [1, 14, 26]
+    assert _ids("sglang", [3, 15, 27], arch="DeepseekV3ForCausalLM") == [3, 15, 27]
+    with pytest.raises(ConsumerError, match="plus-one-if-first-is-one.*formats that can: vllm, speculators"):
+        _ids("sglang", [1, 15, 27], arch="DeepseekV3ForCausalLM")
+    # gpt_oss: 0.5.23 keeps ids whose largest is N (and captures id N); 0.5.14 always +1
+    assert _ids("sglang", [24, 30, 36], n=36, arch="GptOssForCausalLM") == [24, 30, 36]
+    assert _ids("sglang", [2, 18, 33], n=36, arch="GptOssForCausalLM") == [1, 17, 32]
+    with pytest.raises(ConsumerError, match=r"sglang 0\.5\.14 .*captures vLLM ids 1\.\.35"):
+        _ids("sglang", [24, 30, 36], n=36, arch="GptOssForCausalLM", version="0.5.14")
+    with pytest.raises(ConsumerError, match="rule for target architecture 'FalconForCausalLM' was not read"):
+        _ids("sglang", [2, 15, 27], arch="FalconForCausalLM")
+    with pytest.raises(ConsumerError, match=r"sglang version '0\.5\.9' was not read.*0\.5\.23, 0\.5\.14"):
+        _ids("sglang", [2, 15, 27], version="0.5.9")
 
-    for ids in ([2, 15, 27], [3, 15, 27], [5, 9, 29], [2, 3, 4]):
-        assert sglang_reads(_ids("sglang", ids)) == ids
-        assert [i + 1 for i in _ids("sglang-legacy", ids)] == ids
-    assert _ids("sglang", [2, 15, 27]) == [1, 14, 26]  # the default set: what old and new SGLang both read
-    with pytest.raises(ConsumerError, match="first id is 1.*sglang-legacy"):
-        _ids("sglang", [1, 15, 27])
-    assert _ids("sglang-legacy", [1, 15, 27]) == [0, 14, 26]
 
-
-@pytest.mark.parametrize("fmt", ALL)
-def test_ids_no_consumer_captures_are_refused(fmt):
-    for ids in ([0, 15, 27], [3, 15, 30]):
-        with pytest.raises(ConsumerError, match=r"captures vLLM ids 1\.\.29 only"):
-            _ids(fmt, ids)
+def test_ids_zero_and_n_where_captured():
+    assert _ids("vllm", [0, 15, 30]) == [0, 15, 30]  # vLLM captures the embedding output and the last block
+    assert _ids("speculators", [0, 15, 30]) == [0, 15, 30]
+    for fmt in ("sglang", "specforge"):
+        for ids in ([0, 15, 27], [3, 15, 30]):
+            with pytest.raises(ConsumerError, match=r"captures vLLM ids 1\.\.29 only.*formats that can: vllm, "):
+                _ids(fmt, ids)
+    with pytest.raises(ConsumerError, match="Gemma3ForCausalLM does not implement SupportsEagle3"):
+        _ids("vllm", [2, 9, 15], n=18, arch="Gemma3ForCausalLM")
 
 
 def test_layer_count_other_than_three(smollm, tmp_path):
     two = DraftHead(DraftConfig.for_target(smollm, [5, 20], 4096))
-    for fmt in ("vllm", "sglang", "sglang-legacy", "specforge"):
-        with pytest.raises(ConsumerError, match="reads exactly 3 target layers.*--format speculators"):
-            export_drafter(two, fmt, tmp_path / fmt)
-        assert not (tmp_path / fmt).exists()
-    cfg = json.loads((export_drafter(two, "speculators", tmp_path / "s") / "config.json").read_text())
-    assert cfg["eagle_aux_hidden_state_layer_ids"] == [5, 20]
+    with pytest.raises(ConsumerError, match="reads exactly 3 target layers.*formats that can: vllm, sglang, speculators"):
+        export_drafter(two, "specforge", tmp_path / "specforge")
+    assert not (tmp_path / "specforge").exists()
+    for fmt in ("vllm", "sglang", "speculators"):
+        cfg = json.loads((export_drafter(two, fmt, tmp_path / fmt) / "config.json").read_text())
+        assert read_layer_ids(cfg, fmt, 30, LLAMA) == [5, 20]
+    assert json.loads((tmp_path / "vllm" / "config.json").read_text())["num_aux_hidden_states"] == 2
+
+
+def test_normalised_head_writes_fc_norm(smollm, tmp_path):
+    from safetensors import safe_open
+
+    normed = init_head(DraftHead(replace(DraftConfig.for_target(smollm, [3, 15, 27], 4096), input_norm="rms")), seed=4)
+    for fmt in ALL:
+        out = export_drafter(normed, fmt, tmp_path / fmt, dtype="float32")
+        cfg = json.loads((out / "config.json").read_text())
+        assert cfg["fc_norm"] is True
+        with safe_open(str(out / "model.safetensors"), "pt") as f:
+            assert torch.equal(f.get_tensor("fc_norm.2.weight"), torch.ones(smollm.hidden_size))
+        back = load_export(out, smollm)
+        assert back.config.input_norm == "rms" and _draft(back, smollm)[0] == _draft(normed, smollm)[0]
 
 
 def test_speculators_verifier_and_full_vocabulary(smollm, gemma, tmp_path):
@@ -135,7 +163,7 @@ def test_speculators_verifier_and_full_vocabulary(smollm, gemma, tmp_path):
     cfg = json.loads((export_drafter(g, "speculators", tmp_path / "g") / "config.json").read_text())
     assert cfg["speculators_config"]["verifier"]["architectures"] == ["Gemma3ForCausalLM"]
     cfg = json.loads((export_drafter(g, "speculators", tmp_path / "g2", verifier="/models/my-gemma",
-                                     verifier_architecture="Gemma3ForCausalLM") / "config.json").read_text())
+                                     target_architecture="Gemma3ForCausalLM") / "config.json").read_text())
     assert cfg["speculators_config"]["verifier"]["name_or_path"] == "/models/my-gemma"
 
 
@@ -154,24 +182,21 @@ def test_weight_names_match_serving_loaders(head, tmp_path):
 def test_export_from_saved_dir_and_bad_inputs(head, smollm, gemma, tmp_path):
     save_head(head, tmp_path / "saved")
     out = export_drafter(tmp_path / "saved", "specforge", tmp_path / "x")
-    with pytest.raises(ConsumerError, match="does not exist; choose one of vllm, sglang, sglang-legacy"):
+    with pytest.raises(ConsumerError, match="does not exist; choose one of vllm, sglang, specforge, speculators"):
         export_drafter(head, "onnx", tmp_path / "y")
-    with pytest.raises(ConsumerError, match="'eagle3' was split by consumer; choose specforge"):
+    with pytest.raises(ConsumerError, match="'eagle3' was replaced; choose specforge"):
         export_drafter(head, "eagle3", tmp_path / "y")
+    with pytest.raises(ConsumerError, match="'sglang-legacy' was replaced; choose sglang, which now applies"):
+        export_drafter(head, "sglang-legacy", tmp_path / "y")
     with pytest.raises(DrafterError, match="trained for target 'smollm2-135m'"):
         load_export(out, gemma)
     with pytest.raises(FileExistsError):
         export_drafter(head, "specforge", out)
-    normed = DraftHead(replace(DraftConfig.for_target(smollm, [3, 15, 27], 4096), input_norm="rms"))
-    for fmt in ALL:
-        with pytest.raises(DrafterError, match="input_norm='rms'.*cannot express"):
-            export_drafter(normed, fmt, tmp_path / f"normed-{fmt}")
-        assert not (tmp_path / f"normed-{fmt}").exists()
     # a hand-edited convention slip is caught on load
     cfg = json.loads((out / "config.json").read_text())
     cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = [3, 15, 27]
     (out / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(DrafterError, match="disagree with the metadata"):
+    with pytest.raises(DrafterError, match="disagree with the metadata.*wavesurf export --check"):
         load_export(out)
 
 
@@ -183,5 +208,43 @@ def test_cli_export(head, tmp_path, capsys):
     summary = json.loads(capsys.readouterr().out)
     assert summary["ids_written"] == [2, 14, 26] and summary["dtype"] == "bfloat16"
     assert main(["export", "--drafter", str(tmp_path / "d"), "--format", "gguf", "--out", str(tmp_path / "p")]) == 2
-    assert "choose one of vllm, sglang, sglang-legacy, specforge, speculators" in capsys.readouterr().err
+    assert "choose one of vllm, sglang, specforge, speculators" in capsys.readouterr().err
     assert not (tmp_path / "p").exists()
+
+
+def test_cli_export_check(head, tmp_path, capsys):
+    """--check says what each consumer version reads; an export written with the old 'sglang' rule
+    (vLLM ids under eagle_config when the first id is not 1) is flagged: SGLang reads it one layer high."""
+    from wavesurf.cli import main
+
+    out = export_drafter(head, "sglang", tmp_path / "new")
+    assert main(["export", "--check", str(out)]) == 0
+    report = json.loads(capsys.readouterr().out)
+    rows = {r["consumer"]: r for r in report["consumers"]}
+    assert report["ok"] is True and report["trained_layer_ids"] == [3, 15, 27]
+    assert rows["sglang 0.5.23"]["reads"] == [3, 15, 27] and rows["sglang 0.5.14"]["matches"]
+    assert rows["vllm 0.32.0"]["reads"] == [2, 15, 27] and rows["vllm 0.32.0"]["default_ids"]  # no top-level ids
+    assert rows["speculators 0.9.0"]["reads"] is None
+
+    old = json.loads((out / "config.json").read_text())  # as wavesurf wrote it before: no consumer record
+    old["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = [3, 15, 27]
+    del old["wavesurf"]["consumer"]
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "config.json").write_text(json.dumps(old))
+    assert main(["export", "--check", str(tmp_path / "old")]) == 1
+    report = json.loads(capsys.readouterr().out)
+    rows = {r["consumer"]: r for r in report["consumers"]}
+    assert report["ok"] is False and rows["sglang 0.5.23"]["reads"] == [4, 16, 28]
+
+    (tmp_path / "empty").mkdir()
+    assert main(["export", "--check", str(tmp_path / "empty")]) == 2
+    assert "has no config.json; it is not a drafter export" in capsys.readouterr().err
+    (tmp_path / "empty" / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    assert main(["export", "--check", str(tmp_path / "empty")]) == 2
+    assert "names no EAGLE-3 target layers" in capsys.readouterr().err
+    assert main(["export", "--drafter", str(tmp_path)]) == 2
+    assert "export needs --format, --out (or --check DIR" in capsys.readouterr().err
+    save_head(head, tmp_path / "d")
+    assert main(["export", "--drafter", str(tmp_path / "d"), "--format", "sglang", "--consumer-version", "0.4",
+                 "--out", str(tmp_path / "v")]) == 2
+    assert "sglang version '0.4' was not read" in capsys.readouterr().err
