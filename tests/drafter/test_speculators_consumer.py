@@ -49,7 +49,8 @@ RUNNER = textwrap.dedent("""
                        document_ids=torch.zeros_like(inputs["input_ids"]), ttt_steps=inputs["steps"])
     d2t = model.d2t if model.d2t is not None else torch.zeros(model.draft_vocab_size, dtype=torch.long)
     tokens = [(d + d2t[d]).tolist() for d in drafts]
-    json.dump({"tokens": tokens, "missing": sorted(info["missing_keys"]),
+    json.dump({"tokens": tokens, "missing": sorted(info["missing_keys"]), "fc_in": model.fc.in_features,
+               "fc_norm": model.fc_norm is not None,
                "unexpected": sorted(info["unexpected_keys"]), "nan": sorted(info["nan_keys"]),
                "layer_ids": list(model.target_layer_ids)}, open(out_path, "w"))
 """)
@@ -77,12 +78,17 @@ def speculators_path():
     return where
 
 
-def test_speculators_loads_our_export_and_drafts_the_same_tokens(smollm, speculators_path, tmp_path):
+@pytest.mark.parametrize("ids,input_norm", [([3, 15, 27], "none"), ([2, 9, 15, 27], "none"), ([3, 15, 27], "rms")],
+                         ids=["k3", "k4", "fc_norm"])
+def test_speculators_loads_our_export_and_drafts_the_same_tokens(smollm, speculators_path, tmp_path, ids, input_norm):
+    """k = 4 (fc sized by the id count) and a per-stream normalised head (fc_norm) included."""
+    from dataclasses import replace
+
     from wavesurf.assets import ensure_dequantized
     from wavesurf.drafter.acceptance import head_hits
 
-    ids = [3, 15, 27]
-    head = init_head(DraftHead(DraftConfig.for_target(smollm, ids, 4096)), seed=5)
+    config = replace(DraftConfig.for_target(smollm, ids, 4096), input_norm=input_norm)
+    head = init_head(DraftHead(config), seed=5)
     head.set_vocab(torch.randperm(smollm.vocab_size, generator=torch.Generator().manual_seed(2))[:4096].sort().values)
     head.eval()
     # speculators reads the verifier's config (number of layers) from name_or_path: the local checkpoint
@@ -108,6 +114,7 @@ def test_speculators_loads_our_export_and_drafts_the_same_tokens(smollm, specula
     assert proc.returncode == 0, proc.stderr[-3000:]
     theirs = json.loads((tmp_path / "drafts.json").read_text())
     assert theirs["layer_ids"] == ids
+    assert theirs["fc_in"] == len(ids) * smollm.hidden_size and theirs["fc_norm"] == (input_norm == "rms")
     assert not theirs["unexpected"], theirs["unexpected"]
     unused = {"verifier_lm_head.weight", "verifier_norm.weight"}  # speculators' training-only weights
     assert set(theirs["missing"]) <= unused and set(theirs["nan"]) <= unused, theirs
