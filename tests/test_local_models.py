@@ -66,3 +66,41 @@ def test_local_directory_through_the_cli(local_model, capsys, tmp_path, monkeypa
     bench = _run(capsys, ["bench", *model, "--drafter", str(drafter), "--dataset", "mt-bench", "--n-prompts", "1",
                           "--max-new-tokens", "8", "--draft-len", "2", "--methods", "eagle3", "--no-cache", "--quiet"])
     assert bench["methods"]["eagle3"]["lossless"] == "1/1"  # token-identical to HF greedy on this architecture
+
+
+def test_one_directory_spelled_three_ways(tiny_model_dir, capsys, tmp_path, monkeypatch):
+    """distill with a relative path, train with the absolute one, then distill and train again
+    through a symlink with a trailing slash: one model, so one corpus, one feature store, one head."""
+    from wavesurf import distill
+
+    monkeypatch.setenv("WAVESURF_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(distill, "DEFAULT_MAX_NEW_TOKENS", 8)  # so the tiny corpus is the default one
+    monkeypatch.setattr(distill, "DEFAULT_MAX_LEN", 128)
+    model_dir, _ = tiny_model_dir("llama")
+    (tmp_path / "link").symlink_to(model_dir, target_is_directory=True)
+    monkeypatch.chdir(model_dir.parent)
+    relative, absolute, linked = model_dir.name, str(model_dir.resolve()), f"{tmp_path / 'link'}/"
+    gen = ["--dataset", "sharegpt", "--max-tokens", "120", "--max-new-tokens", "8", "--max-len", "128",
+           "--device", "cpu", "--quiet"]
+    train = ["--layers", "2,3,4", "--max-train-tokens", "400", "--max-len", "128", "--ttt-steps", "2",
+             "--draft-vocab", "512", "--batch-tokens", "256", "--warmup-steps", "1", "--device", "cpu", "--quiet"]
+
+    def entries():
+        cache = tmp_path / "cache"
+        return {p.relative_to(cache): p.stat().st_mtime_ns
+                for sub in ("corpora", "drafter/features", "drafter/heads") for p in (cache / sub).glob("*/*")}
+
+    made = _run(capsys, ["distill", "--model", relative, *gen])
+    assert made["use_as"] == f"sharegpt@{model_dir.name}"
+    first = _run(capsys, ["train", "--model", absolute, *train])  # the corpus of the relative spelling is accepted
+    assert first["model"] == model_dir.name
+    before = entries()
+    again = _run(capsys, ["distill", "--model", linked, *gen])
+    assert (again["key"], again["path"]) == (made["key"], made["path"])
+    assert _run(capsys, ["train", "--model", linked, *train]) == first  # the finished head, read back
+    assert entries() == before  # nothing generated, captured or trained again
+
+    from wavesurf.drafter.head import load_head
+
+    head, _ = load_head(first["out_dir"], target=None)
+    assert head.config.extra["target_path"] == absolute  # what an export names as the verifier

