@@ -36,7 +36,10 @@ def test_local_directory_through_the_cli(local_model, capsys, tmp_path, monkeypa
     selection = _run(capsys, ["select", *model, "--k", "3", "--method", "combined", *small])
     ids = selection["layer_ids"]
     assert len(ids) == 3 and all(1 <= i <= 6 for i in ids), ids
-    assert ("speculators" in selection["export_formats"]) == (6 not in ids)
+    # vLLM and speculators capture ids 0..N; SGLang-family consumers 1..N-1; vLLM 0.32.0 has no EAGLE-3 for Gemma-3
+    assert "speculators" in selection["export_formats"]
+    assert ("vllm" in selection["export_formats"]) == (architecture != "Gemma3ForCausalLM")
+    assert ("sglang" in selection["export_formats"]) == (6 not in ids)
 
     drafter = tmp_path / "drafter"
     trained = _run(capsys, ["train", *model, "--layers", ",".join(map(str, ids)), "--dataset", "sharegpt",
@@ -44,24 +47,21 @@ def test_local_directory_through_the_cli(local_model, capsys, tmp_path, monkeypa
                             "--batch-tokens", "256", "--warmup-steps", "1", "--out", str(drafter), "--quiet"])
     assert trained["layer_ids"] == ids
 
-    export = ["export", "--drafter", str(drafter), "--format", "speculators", "--out", str(tmp_path / "export"),
-              "--verifier", str(model_dir)]
-    if 6 in ids:  # the last block's output: selectable, but no serving stack captures it
+    # no --verifier: the speculators config names the directory the head was trained on
+    exported = _run(capsys, ["export", "--drafter", str(drafter), "--format", "speculators",
+                             "--out", str(tmp_path / "export")])
+    assert exported["ids_written"] == ids and exported["target_architecture"] == architecture
+    config = json.loads((tmp_path / "export" / "config.json").read_text())
+    assert config["speculators_config"]["verifier"] == {"name_or_path": str(model_dir.resolve()),
+                                                        "architectures": [architecture]}
+    sglang = ["export", "--drafter", str(drafter), "--format", "sglang", "--out", str(tmp_path / "sglang")]
+    if 6 in ids:  # the last block's output: SGLang records the stream entering each block only
         from wavesurf.cli import main
 
-        assert main(export) == 2 and "cannot be served" in capsys.readouterr().err
-        assert not (tmp_path / "export").exists()
-        ids_served = [2, 3, 4]
-        _run(capsys, ["train", *model, "--layers", "2,3,4", "--dataset", "sharegpt", "--max-train-tokens", "400",
-                      "--max-len", "128", "--ttt-steps", "2", "--draft-vocab", "512", "--batch-tokens", "256",
-                      "--warmup-steps", "1", "--out", str(tmp_path / "servable"), "--quiet"])
-        export[2] = str(tmp_path / "servable")
+        assert main(sglang) == 2 and "cannot be served by sglang 0.5.23" in capsys.readouterr().err
+        assert not (tmp_path / "sglang").exists()
     else:
-        ids_served = ids
-    exported = _run(capsys, export)
-    assert exported["ids_written"] == ids_served
-    config = json.loads((tmp_path / "export" / "config.json").read_text())
-    assert config["speculators_config"]["verifier"] == {"name_or_path": str(model_dir), "architectures": [architecture]}
+        assert _run(capsys, sglang)["ids_written"] == [i - 1 for i in ids]  # llama, qwen2, gemma3: always +1
 
     bench = _run(capsys, ["bench", *model, "--drafter", str(drafter), "--dataset", "mt-bench", "--n-prompts", "1",
                           "--max-new-tokens", "8", "--draft-len", "2", "--methods", "eagle3", "--no-cache", "--quiet"])
@@ -104,3 +104,8 @@ def test_one_directory_spelled_three_ways(tiny_model_dir, capsys, tmp_path, monk
 
     head, _ = load_head(first["out_dir"], target=None)
     assert head.config.extra["target_path"] == absolute  # what an export names as the verifier
+    exported = _run(capsys, ["export", "--drafter", first["out_dir"], "--format", "speculators",
+                             "--out", str(tmp_path / "export")])
+    assert exported["target_architecture"] == "LlamaForCausalLM"
+    config = json.loads((tmp_path / "export" / "config.json").read_text())
+    assert config["speculators_config"]["verifier"]["name_or_path"] == absolute
