@@ -340,7 +340,9 @@ def config_snippet(fmt: str, layer_ids: list[int], n_layers: int, architecture: 
         out = {"eagle_aux_hidden_state_layer_ids": ids}
     else:
         out = {"eagle_config": {"eagle_aux_hidden_state_layer_ids": ids, "use_aux_hidden_state": True}}
-    if fmt != "specforge":
+    if fmt == "speculators":  # vLLM builds the draft's config from transformer_layer_config (algos.py)
+        out["transformer_layer_config"] = {"num_aux_hidden_states": len(ids)}
+    elif fmt != "specforge":
         out["num_aux_hidden_states"] = len(ids)
     out["fc_norm"] = input_norm == "rms"
     return out

@@ -201,7 +201,7 @@ def export_drafter(head: DraftHead | str | Path, fmt: str, out: str | Path, *, i
             "architectures": ["Eagle3Speculator"],
             "speculators_model_type": "eagle3",
             "transformer_layer_config": {**_llama_fields(c, dtype), "architectures": ["LlamaForCausalLM"],
-                                         "num_aux_hidden_states": snippet.pop("num_aux_hidden_states")},
+                                         **snippet.pop("transformer_layer_config")},
             "draft_vocab_size": c.draft_vocab_size,
             "target_hidden_size": c.target_hidden_size,
             "norm_before_residual": False,
