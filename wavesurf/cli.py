@@ -251,7 +251,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         batch_tokens=args.batch_tokens, max_steps=args.steps, train_tokens=args.train_tokens, seed=args.seed,
         draft_vocab_size=args.draft_vocab, vocab_tokens=args.vocab_tokens, checkpoint_every=args.checkpoint_every,
         log_every=args.log_every, init_lm_head=args.init_lm_head, input_norm=args.input_norm,
-        precision=args.precision,
+        precision=args.precision, embedding_only=args.embedding_only,
         init_attention=args.init_attention, frozen=tuple(args.freeze))
     settings.check()  # bad options fail before the model loads
     device = _process_device(args.device)
@@ -593,8 +593,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--freeze", nargs="*", choices=["fc", "attention"], default=[],
                    help="parts of the head kept at their initial weights while the rest trains (default none)")
     p.add_argument("--input-norm", choices=["none", "rms"], default="none",
-                   help="rms: divide each target stream by its RMS before the fusion layer; such heads cannot be "
-                        "exported to vLLM/SGLang (default none)")
+                   help="rms: divide each target stream by its RMS before the fusion layer (exported as fc_norm, "
+                        "EAGLE 3.1's per-stream RMSNorm, which vLLM, SGLang, SpecForge and speculators read) (default none)")
+    p.add_argument("--embedding-only", action="store_true",
+                   help="train the control that reads no target stream (fc sees zeros): what the same head drafts "
+                        "from the token embedding alone; a diagnostic, not exported")
     p.add_argument("--precision", choices=["float32", "bfloat16"], default="float32",
                    help="arithmetic of the head's forward/backward: bfloat16 runs them under torch.autocast, faster "
                         "on CPUs with AVX512-BF16/AMX and on GPUs; weights and optimizer stay float32 (default float32)")

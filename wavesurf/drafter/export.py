@@ -140,6 +140,9 @@ def plan_export(c: DraftConfig, fmt: str, *, consumer_version: str | None = None
     """The consumer, target architecture and ids written for exporting a head with config ``c`` in
     ``fmt``; refuses (before anything is loaded or written) what that consumer cannot read."""
     check_format(fmt)
+    if c.embedding_only:
+        raise DrafterError("this head is the embedding-only control (trained with embedding_only=True: it reads no "
+                           "target layer); it is a diagnostic, not a drafter, and is not exported")
     cons = consumer(fmt, consumer_version)
     ids = written_layer_ids(fmt, list(c.layer_ids), c.target_n_layers, architecture, version=cons.version,
                             input_norm=c.input_norm)

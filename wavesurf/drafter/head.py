@@ -58,12 +58,19 @@ class DraftConfig:
     #: square before ``fc`` (no weights). Residual streams differ in scale by orders of magnitude
     #: across depth; "rms" lets ``fc`` start from comparable inputs. Exports must declare it.
     input_norm: str = "none"
+    #: the embedding-only control: ``fuse`` gives zeros whatever the target streams hold, so the
+    #: head drafts from the token embedding and its own attention alone. A diagnostic (does a head
+    #: use its layers?), never exported
+    embedding_only: bool = False
     #: a local-directory target's resolved ``target_path`` and ``target_fingerprint`` (exports use
     #: the path as the verifier); empty for embedded models and HF ids, whose configs feed cache keys
     extra: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        d = asdict(self)
+        if not self.embedding_only:  # added later: left out at its default, so earlier heads keep their identity
+            d.pop("embedding_only")
+        return d
 
     @classmethod
     def from_dict(cls, data: dict) -> DraftConfig:
@@ -293,6 +300,8 @@ class DraftHead(nn.Module):
     # ---- forward -------------------------------------------------------------------------
     def fuse(self, features: torch.Tensor) -> torch.Tensor:
         """Concatenated target streams [B, T, k*H_t] (ascending layer ids) -> fused feature [B, T, H]."""
+        if self.config.embedding_only:
+            return features.new_zeros(*features.shape[:-1], self.config.hidden_size)
         if self.config.input_norm == "rms":
             k, d = len(self.config.layer_ids), self.config.target_hidden_size
             x = features.unflatten(-1, (k, d))

@@ -57,7 +57,7 @@ TRAINER_STATE = "trainer.json"
 #: settings that do not change the trained weights (a resume may change them)
 _NOT_FINGERPRINTED = ("checkpoint_every", "log_every")
 #: options added later: left out of the fingerprint at their default, so earlier heads keep their keys
-_FINGERPRINTED_IF_SET = {"init_attention": "random", "frozen": [], "precision": "float32"}  # defaults as fingerprinted
+_FINGERPRINTED_IF_SET = {"init_attention": "random", "frozen": [], "precision": "float32", "embedding_only": False}  # defaults as fingerprinted
 
 
 @dataclass
@@ -72,7 +72,9 @@ class TrainSettings:
     over a small budget fills with ids the drafter never sees); a number counts that many tokens.
     ``init_lm_head="target"`` starts ``lm_head`` from the target's unembedding rows of the draft
     vocabulary and ``norm`` from the target's final norm; ``input_norm="rms"`` divides each target
-    stream by its root mean square before ``fc`` (see :class:`DraftConfig`).
+    stream by its root mean square before ``fc`` (see :class:`DraftConfig`). ``embedding_only=True``
+    trains the control that reads no target stream (same budget, data order and seed): what a head
+    drafts from the token embedding alone, the floor a head must beat for its layers to matter.
     ``precision="bfloat16"`` runs the head's matrix products in bfloat16 under ``torch.autocast``
     (CPUs with AVX512-BF16 or AMX, and GPUs, do them faster; the target's soft labels, the weights
     and AdamW stay float32); ``benchmarks/drafter_sweep.py`` measures what it changes.
@@ -100,6 +102,7 @@ class TrainSettings:
     frozen: tuple[str, ...] = ()
     input_norm: str = "none"
     precision: str = "float32"
+    embedding_only: bool = False
     checkpoint_every: int = 100
     log_every: int = 10
 
@@ -125,6 +128,8 @@ class TrainSettings:
             raise DrafterError(f"init_lm_head={self.init_lm_head!r} is not one of {LM_HEAD_INITS}")
         if self.input_norm not in INPUT_NORMS:
             raise DrafterError(f"input_norm={self.input_norm!r} is not one of {INPUT_NORMS}")
+        if not isinstance(self.embedding_only, bool):
+            raise DrafterError(f"embedding_only={self.embedding_only!r} must be True or False")
         if self.precision not in PRECISIONS:
             raise DrafterError(f"precision={self.precision!r} is not one of {PRECISIONS}")
         if self.schedule not in SCHEDULES:
@@ -385,7 +390,8 @@ def train_drafter(
                                   split=store.params["split"], split_seed=store.params["split_seed"],
                                   max_tokens=settings.vocab_tokens, max_len=max(store.params["max_len"], 2048))
     set_seed(settings.seed)
-    config = replace(DraftConfig.for_target(target, ids, settings.draft_vocab_size), input_norm=settings.input_norm)
+    config = replace(DraftConfig.for_target(target, ids, settings.draft_vocab_size), input_norm=settings.input_norm,
+                     embedding_only=settings.embedding_only)
     head = init_head(DraftHead(config), seed=settings.seed)
     head.set_vocab(torch.from_numpy(vocab.ids))
     if settings.init_lm_head == "target":
