@@ -195,24 +195,16 @@ def bench_prompts(dataset: str, n_prompts: int, target: Any, max_prompt_tokens: 
 
 def prompt_ids(target: Any, prompt: BenchPrompt, answers: Sequence[str]) -> list[int]:
     """Token ids asking turn ``len(answers)`` of ``prompt`` after the earlier ``answers``."""
-    tok = target.tokenizer
-    k = len(answers)
+    from .data import generation_prompt_ids
+
     if prompt.raw:
-        return tok(prompt.turns[0], add_special_tokens=True)["input_ids"]
-    if target.has_chat_template:
-        messages = []
-        for i in range(k + 1):
-            messages.append({"role": "user", "content": prompt.turns[i]})
-            if i < k:
-                messages.append({"role": "assistant", "content": answers[i]})
-        text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        return tok(text, add_special_tokens=False)["input_ids"]
-    text = ""
-    for i in range(k + 1):
-        text += f"User: {prompt.turns[i]}\n\nAssistant:"
-        if i < k:
-            text += f" {answers[i]}\n\n"
-    return tok(text, add_special_tokens=True)["input_ids"]
+        return target.tokenizer(prompt.turns[0], add_special_tokens=True)["input_ids"]
+    messages = []
+    for i in range(len(answers) + 1):
+        messages.append({"role": "user", "content": prompt.turns[i]})
+        if i < len(answers):
+            messages.append({"role": "assistant", "content": answers[i]})
+    return generation_prompt_ids(target, messages)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -374,6 +374,24 @@ class Encoded:
         return len(self.input_ids)
 
 
+def plain_transcript(messages: list[dict[str, str]], generation_prompt: bool = False) -> str:
+    """The format of models without a chat template: ``Role: content`` blocks separated by blank
+    lines (``User: ...\n\nAssistant: ...\n\n``), ending in ``Assistant:`` when the model is asked
+    for the next answer. The one home of this format: corpora, distillation and benchmarks use it."""
+    text = "".join(f"{m['role'].capitalize()}: {m['content']}\n\n" for m in messages)
+    return text + "Assistant:" if generation_prompt else text
+
+
+def generation_prompt_ids(target: Any, messages: list[dict[str, str]]) -> list[int]:
+    """Token ids asking the target for the next assistant message after ``messages``: the chat
+    template's generation prompt, or :func:`plain_transcript` for base models."""
+    tok = target.tokenizer
+    if target.has_chat_template:
+        text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        return tok(text, add_special_tokens=False)["input_ids"]
+    return tok(plain_transcript(messages, generation_prompt=True), add_special_tokens=True)["input_ids"]
+
+
 def render(example: Example, tokenizer: Any, use_chat_template: bool) -> tuple[str, list[tuple[int, int, int]], bool]:
     """Text of an example plus the character spans ``(start, end, role)`` of each message, and
     whether special tokens must be added when tokenizing (plain text only)."""
@@ -384,7 +402,7 @@ def render(example: Example, tokenizer: Any, use_chat_template: bool) -> tuple[s
         text = tokenizer.apply_chat_template(messages, tokenize=False)
         add_special = False
     else:  # base model: a plain transcript format
-        text = "".join(f"{m['role'].capitalize()}: {m['content']}\n\n" for m in messages)
+        text = plain_transcript(messages)
         add_special = True
     spans, cursor = [], 0
     for m in messages:

@@ -80,14 +80,10 @@ def check_settings(max_tokens: Any, max_len: Any, max_new_tokens: Any, temperatu
 # ---------------------------------------------------------------------------------------------
 # prompts
 def prompt_ids(target: Any, messages: list[dict[str, str]]) -> list[int]:
-    """Token ids asking the target for the next assistant message after ``messages`` (the chat
-    template's generation prompt, or the plain ``User: ...\\n\\nAssistant:`` format of base models)."""
-    tok = target.tokenizer
-    if target.has_chat_template:
-        text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        return tok(text, add_special_tokens=False)["input_ids"]
-    text = "".join(f"{m['role'].capitalize()}: {m['content']}\n\n" for m in messages) + "Assistant:"
-    return tok(text, add_special_tokens=True)["input_ids"]
+    """Token ids asking the target for the next assistant message (:func:`wavesurf.data.generation_prompt_ids`)."""
+    from .data import generation_prompt_ids
+
+    return generation_prompt_ids(target, messages)
 
 
 def answer_text(target: Any, ids: list[int], ended_at_eos: bool) -> str:
