@@ -83,7 +83,8 @@ glue("draft_len", table.info["draft_len"], display=False)
 # Paired difference of offline acceptance length (draft length {glue:text}`draft_len`) between the
 # drafter reading each method's set chosen from the positions kept by the filter
 # {glue:text}`filter_name` and the drafter reading the set chosen from all positions (95% bootstrap
-# interval over held-out sequences, seeds paired). **What to see:** an interval entirely right of
+# interval resampling held-out sequences and training seeds, seeds paired; one interval per method,
+# not adjusted over the methods). **What to see:** an interval entirely right of
 # zero means filtering picked a better set for the drafter; methods where both statistics pick the
 # same set sit at zero without an interval.
 # ```

@@ -52,6 +52,11 @@ def test_run_speed_table_trains_each_set_and_seed_once(smollm):
     d = summary["default"]
     assert d["seeds"] == 2 and d["tau_lo"] <= d["tau"] <= d["tau_hi"] and d["verdict"] == "reference"
     assert d["diff"] == 0.0  # the default paired with itself
+    # what each interval rests on: both seeds and every held-out sequence, resampled together
+    n_seq = table.info["heldout_sequences"]
+    assert all(r["seeds"] == 2 and r["sequences"] == n_seq and r["interval"] == f"2 seeds x {n_seq} sequences"
+               for r in table.summary)
+    assert d["diff_interval"] == "reference" and table.info["interval"] == d["interval"]
     # every head is also scored drafting with n-gram lookup first (the smoke profile sets lookup_ngram)
     assert table.info["lookup_ngram"] == 3 and d["lookup_diff"] == 0.0
     assert d["lookup_tau_lo"] <= d["lookup_tau"] <= d["lookup_tau_hi"]
@@ -63,6 +68,10 @@ def test_run_speed_table_trains_each_set_and_seed_once(smollm):
     assert "over lookup alone" in table.lookup_verdict
     last = summary["last-1"]
     assert last["diff_lo"] <= last["diff"] <= last["diff_hi"] and last["verdict"] in ("better", "worse", "within noise")
+    # one layer set against the default is a family of one: the per-comparison interval
+    assert last["diff_interval"] == "per-comparison 95%" and table.info["family"]["comparisons"] == 1
+    assert (last["diff_lo"], last["diff_hi"]) == (last["diff_unadj_lo"], last["diff_unadj_hi"])
+    assert last["diff_se"] > 0 and last["diff_df"] >= 1 and summary["bigram"]["tau_seed_std"] == 0.0
     assert "the default [2 15 27]" in table.verdict or "the default" in table.verdict
     assert table.selection_verdict == ""  # no selected set in this table: nothing to pair with the control
     assert {r["role"] for r in table.timed} == {"default", "best control"}
@@ -78,6 +87,10 @@ def test_speed_table_settings_reject_unknown_keys():
 
     with pytest.raises(WavesurfError, match=r"unknown speed-table settings \['epochs'\]"):
         SpeedTableSettings.from_profile({"epochs": 3})
+    for bad in (0, 1, 1.2, -0.1, True):
+        with pytest.raises(WavesurfError, match=r"acceptance family_level=.* must be a number in \(0, 1\)"):
+            SpeedTableSettings.from_profile({"acceptance": {"family_level": bad}})
+    assert SpeedTableSettings.from_profile({"acceptance": {"family_level": 0.9}}).acceptance["family_level"] == 0.9
 
 
 def test_verdict_sentence_names_sets_intervals_and_counts():
@@ -97,10 +110,20 @@ def test_verdict_sentence_names_sets_intervals_and_counts():
     assert "entropy [17 22 27] by +0.006 τ (95% CI -0.014 to +0.029)" in text
     # the floor is not a layer set; one worse set and one seed read in the singular
     assert "1 set is worse" in text and "1 training seed per set" in text and "4,212 tokens" in text
+    assert "intervals resample held-out sequences only (1 training seed" in text  # said, not silently seed-free
     summary[1].update(diff=0.02, diff_lo=0.01, diff_hi=0.03, verdict="better")
     info["seeds"] = 2
     text = verdict_sentence(summary, info)
     assert text.startswith("1 of 2 layer sets beat the default [2 15 27]") and "2 training seeds per set" in text
+    assert "intervals resample held-out sequences and training seeds" in text
+    # the table's intervals are simultaneous over its family of comparisons: the sentence says so
+    info["family"] = {"comparisons": 11, "level": 0.95, "method": "max-T", "crit": 2.9, "alpha_per_comparison": 0.005}
+    text = verdict_sentence(summary, info)
+    assert "entropy [17 22 27] by +0.020 τ (simultaneous 95% CI +0.010 to +0.030)" in text
+    assert "simultaneous over the 11 comparisons with the default (max-T)" in text
+    summary[1].update(verdict="within noise")
+    assert verdict_sentence(summary, info).startswith(
+        "No layer set beats the default [2 15 27] (τ = 1.304) beyond its simultaneous 95% interval")
 
 
 def test_selection_sentence_pairs_the_best_selected_set_with_the_best_control():
@@ -120,3 +143,45 @@ def test_selection_sentence_pairs_the_best_selected_set_with_the_best_control():
     assert "does not differ" in selection_sentence(sel, ctl, {**ahead, "diff_seed_min": -0.001}, info)
     behind = {"diff": -0.02, "diff_lo": -0.03, "diff_hi": -0.01, "diff_seed_min": -0.025, "diff_seed_max": -0.015}
     assert "falls behind the best control" in selection_sentence(sel, ctl, behind, info)
+
+
+@pytest.mark.parametrize("n_seeds", [1, 2])
+def test_summary_rows_from_synthetic_runs_carry_both_intervals_and_their_basis(n_seeds):
+    """The summary's intervals without training a head: three layer sets and a floor against the
+    default, from synthetic acceptance counts. ``diff_lo``/``diff_hi`` are simultaneous over the
+    three sets (and contain the per-comparison ``diff_unadj_*``); the floor is compared per
+    comparison; every row says what its interval rests on; ``compare`` reuses the same replicates."""
+    import numpy as np
+
+    from wavesurf.drafter.acceptance import Acceptance
+    from wavesurf.speed_table import LayerSet, SpeedTable, _family_intervals, _summary_row
+
+    rng = np.random.default_rng(0)
+    cycles = rng.integers(10, 60, size=(30, 1))
+
+    def run(name, p):
+        committed = cycles + rng.binomial(4 * cycles, p + rng.normal(0, 0.02))
+        return Acceptance(name, 1, [str(i) for i in range(30)], committed, cycles.copy(), np.ones(1, np.int64),
+                          np.full(1, 2, np.int64), int(committed.sum()), 0)
+
+    sets = [LayerSet("default", "default", [2, 15, 27], "rule"), LayerSet("entropy", "selected", [17, 22, 27], "m"),
+            LayerSet("random-1", "control", [16, 19, 24], "r"), LayerSet("last-1", "control", [30], "top")]
+    runs = {s.name: [run(s.name, p) for _ in range(n_seeds)] for s, p in zip(sets, (0.30, 0.33, 0.30, 0.25))}
+    floor = [run("bigram", 0.1)] * n_seeds
+    acc_cfg = {"draft_len": 1, "level": 0.95, "family_level": 0.95, "n_boot": 400}
+    iv = _family_intervals([runs[s.name] for s in sets] + [floor], sets, acc_cfg)
+    rows = [_summary_row(s.name, s.group, s.aliases, s.layer_ids, runs[s.name], iv, i, acc_cfg)
+            for i, s in enumerate(sets)] + [_summary_row("bigram", "floor", [], [], floor, iv, len(sets), acc_cfg)]
+    want = "2 seeds x 30 sequences" if n_seeds == 2 else "sequences only (30 sequences; 1 seed, seed variance not estimated)"
+    assert all(r["seeds"] == n_seeds and r["sequences"] == 30 and r["interval"] == want for r in rows)
+    assert iv.family["comparisons"] == 3 and iv.family["level"] == 0.95
+    for r in rows[1:4]:
+        assert r["diff_interval"] == "simultaneous 95% (max-T over 3 comparisons)"
+        assert r["diff_lo"] <= r["diff_unadj_lo"] <= r["diff"] <= r["diff_unadj_hi"] <= r["diff_hi"]
+        assert (r["diff_se_seed"] > 0) == (n_seeds == 2)  # one seed: no seed part to estimate
+    assert rows[4]["diff_interval"] == "per-comparison 95%" and rows[4]["diff_lo"] == rows[4]["diff_unadj_lo"]
+    assert rows[4]["verdict"] == "worse" and rows[0]["diff_interval"] == "reference"
+    table = SpeedTable([], rows, [], [], {"draft_len": 1, "level": 0.95, "n_boot": 400}, {**runs, "bigram": floor})
+    pair = table.compare("entropy", "default")
+    assert round(pair["diff"], 5) == rows[1]["diff"]
+    assert (round(pair["diff_lo"], 5), round(pair["diff_hi"], 5)) == (rows[1]["diff_unadj_lo"], rows[1]["diff_unadj_hi"])

@@ -119,6 +119,8 @@ class SpeedTableSettings:
     :class:`~wavesurf.drafter.train.TrainSettings` fields, identical for every set (only ``seed``
     varies over ``seeds``); ``acceptance``: ``draft_len`` (the chain length the table reports),
     ``max_draft_len`` (lengths scored), ``n_boot`` and ``level`` of the bootstrap intervals,
+    ``family_level`` (default ``level``) of the simultaneous intervals of the comparisons with the
+    default set,
     ``lookup_ngram`` (n > 0: every head is also scored drafting with n-gram lookup first, as the
     timed runs decode when ``bench.lookup_ngram`` is set; 0: the head alone only);
     ``bench``: the :class:`~wavesurf.bench.BenchSettings` of the timed runs of the default set, the
@@ -163,10 +165,15 @@ class SpeedTableSettings:
         d = self.acceptance.get("draft_len", 4)
         if not is_int(d, 1, self.acceptance.get("max_draft_len", 6)):
             raise WavesurfError(f"acceptance draft_len={d!r} must be an integer in 1..max_draft_len")
-        bad = sorted(set(self.acceptance) - {"draft_len", "max_draft_len", "n_boot", "level", "lookup_ngram"})
+        bad = sorted(set(self.acceptance) - {"draft_len", "max_draft_len", "n_boot", "level", "family_level",
+                                             "lookup_ngram"})
         if bad:
             raise WavesurfError(f"unknown acceptance settings {bad}; allowed: draft_len, max_draft_len, n_boot, level, "
-                                "lookup_ngram")
+                                "family_level, lookup_ngram")
+        for key in ("level", "family_level"):
+            value = self.acceptance.get(key, 0.95)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1:
+                raise WavesurfError(f"acceptance {key}={value!r} must be a number in (0, 1), e.g. 0.95")
         from .drafter.lookup import check_lookup_ngram
 
         check_lookup_ngram(self.acceptance.get("lookup_ngram", 0), name="acceptance lookup_ngram", error=WavesurfError)
@@ -181,10 +188,16 @@ class SpeedTable:
 
     ``rows``: one per layer set x seed (offline tau at every draft length, per-step accuracy,
     training facts); ``summary``: one per layer set plus the bigram and n-gram lookup floors at
-    ``draft_len``: tau with its bootstrap interval over held-out sequences (seeds averaged), the paired difference to the
-    default set with its interval, the seed spread, and a verdict (``better``, ``worse``, ``within
-    noise``); with ``lookup_ngram`` also ``lookup_tau`` (n-gram lookup first, the head after it)
-    with its interval and its paired difference to the default set drafting the same way; ``timed``: real decoding of the default, the best selected set and the best control
+    ``draft_len``: what its intervals rest on (``seeds``, ``sequences``, ``interval``: both
+    resampled with 2+ seeds, sequences only with 1), tau (seeds averaged) with its interval and
+    standard error, the seed spread, the paired difference to the default set with ``diff_lo``/
+    ``diff_hi`` simultaneous over the layer sets (max-T; ``diff_interval`` says which interval it
+    is), ``diff_unadj_lo``/``diff_unadj_hi`` per comparison, ``diff_se`` with its seed and sequence
+    parts and Satterthwaite ``diff_df``, and a verdict (``better``, ``worse``, ``within noise``, on
+    the simultaneous interval); with ``lookup_ngram`` also ``lookup_tau`` (n-gram lookup first, the
+    head after it) with its interval and its paired difference to the default set drafting the
+    same way (``lookup_diff_lo``/``hi`` simultaneous too); ``info["family"]``: the family's size,
+    level and critical value; ``timed``: real decoding of the default, the best selected set and the best control
     against HF greedy ``generate``; ``curve``: offline tau against training tokens.
     """
 
@@ -197,16 +210,21 @@ class SpeedTable:
     aliases: dict[str, str] = field(default_factory=dict, repr=False)  # alias -> set name
 
     def compare(self, name: str, baseline: str) -> dict[str, float]:
-        """Paired bootstrap difference of offline tau between two layer sets (or aliases) of the
-        table, at the table's draft length, seeds paired in order."""
-        from .drafter.acceptance import bootstrap_tau
+        """Paired difference of offline tau between two layer sets (or aliases) of the table, at the
+        table's draft length, seeds paired in order: one per-comparison interval (no family), from
+        the same two-level replicates and pooled seed variance as the summary."""
+        from .drafter.acceptance import acceptance_intervals
 
         a, b = self.aliases.get(name, name), self.aliases.get(baseline, baseline)
         for n in (a, b):
             if n not in self.runs:
                 raise KeyError(f"no layer set {n!r} in the speed table; sets: {sorted(self.runs)}")
-        return bootstrap_tau(self.runs[a], self.info["draft_len"], baseline=self.runs[b],
-                             n_boot=self.info.get("n_boot", 2000), level=self.info.get("level", 0.95))
+        names = list(self.runs)
+        iv = acceptance_intervals([self.runs[n] for n in names], self.info["draft_len"], reference=names.index(b),
+                                  n_boot=self.info.get("n_boot", 2000), level=self.info.get("level", 0.95))
+        row = iv.rows[names.index(a)]
+        return {**{k: v for k, v in row.items() if not k.startswith("diff_fw")}, "seeds": iv.seeds,
+                "sequences": iv.sequences}
 
     def filtering_rows(self, methods: Sequence[str]) -> list[dict[str, Any]]:
         """Per selection method: the set chosen from all positions and from the token-entropy
@@ -290,7 +308,10 @@ class SpeedTable:
 
 
 def classify(diff: dict[str, float]) -> str:
-    """``better``/``worse`` only when the paired interval excludes 0 *and* every seed agrees."""
+    """``better``/``worse`` only when the interval (``diff_lo``..``diff_hi``: in the summary the
+    simultaneous one) excludes 0 *and* every seed agrees. The interval already holds the seeds'
+    spread; the agreement of every seed stays as a plain-language guard (it can only make a
+    verdict more cautious)."""
     if diff["diff_lo"] > 0 and diff["diff_seed_min"] > 0:
         return "better"
     if diff["diff_hi"] < 0 and diff["diff_seed_max"] < 0:
@@ -308,23 +329,45 @@ def _count(n: Any, noun: str) -> str:
     return f"{n} {noun}" + ("" if n == 1 else "s")
 
 
+def _interval_name(info: dict[str, Any], family_key: str = "family") -> str:
+    """``simultaneous 95%`` for intervals adjusted over a family, else ``95%``."""
+    fam = info.get(family_key) or {}
+    if fam.get("comparisons", 0) > 1:
+        return f"simultaneous {round(100 * fam.get('level', info.get('level', 0.95)))}%"
+    return f"{_percent(info)}%"
+
+
+def _resampling_clause(info: dict[str, Any]) -> str:
+    """What the intervals resample, in words (one seed: say that seed variation is not in them)."""
+    seeds, fam = info.get("seeds"), info.get("family") or {}
+    what = ("intervals resample held-out sequences and training seeds" if isinstance(seeds, int) and seeds >= 2
+            else "intervals resample held-out sequences only (1 training seed: seed-to-seed variation is not in them)"
+            if seeds == 1 else "")
+    if fam.get("comparisons", 0) > 1:
+        what += (", " if what else "") + f"simultaneous over the {fam['comparisons']} comparisons with the default (max-T)"
+    return f"; {what}" if what else ""
+
+
 def verdict_sentence(summary: Sequence[dict[str, Any]], info: dict[str, Any]) -> str:
     """One sentence: which sets beat the default by how much with what interval, or that none
-    differs beyond its interval (the largest difference given)."""
+    differs beyond its interval (the largest difference given). The intervals are the summary's
+    ``diff_lo``/``diff_hi``: simultaneous over the family of comparisons with the default (max-T,
+    ``info["family"]``), so "beats" holds for the family at the stated level, not once per set."""
     default = next(r for r in summary if r["group"] == "default")
     others = [r for r in summary if r["group"] not in ("default", "floor")]
-    d, level = info.get("draft_len", 4), _percent(info)
+    d, kind = info.get("draft_len", 4), _interval_name(info)
     where = (f"offline chain acceptance at draft length {d} on {info.get('heldout_sequences', '?')} held-out "
-             f"sequences ({info.get('heldout_positions', '?'):,} tokens), {_count(info.get('seeds', '?'), 'training seed')} per set")
+             f"sequences ({info.get('heldout_positions', '?'):,} tokens), {_count(info.get('seeds', '?'), 'training seed')} per set"
+             f"{_resampling_clause(info)}")
     base = f"the default [{default['layer_ids']}] (τ = {default['tau']:.3f})"
     better = sorted((r for r in others if r["verdict"] == "better"), key=lambda r: -r["diff"])
-    fmt = lambda r: f"{r['layer_set']} [{r['layer_ids']}] by {r['diff']:+.3f} τ ({level}% CI {r['diff_lo']:+.3f} to {r['diff_hi']:+.3f})"  # noqa: E731
+    fmt = lambda r: f"{r['layer_set']} [{r['layer_ids']}] by {r['diff']:+.3f} τ ({kind} CI {r['diff_lo']:+.3f} to {r['diff_hi']:+.3f})"  # noqa: E731
     worse = sum(1 for r in others if r["verdict"] == "worse")
     if better:
         head = f"{len(better)} of {len(others)} layer sets beat {base}: " + "; ".join(fmt(r) for r in better[:3])
     else:
         top = max(others, key=lambda r: r["diff"]) if others else None
-        head = f"No layer set beats {base} beyond its {level}% interval" + (
+        head = f"No layer set beats {base} beyond its {kind} interval" + (
             f"; the largest difference is {fmt(top)}" if top else "")
     return f"{head}; {worse} {'set is' if worse == 1 else 'sets are'} worse ({where})."
 
@@ -342,11 +385,12 @@ def selection_sentence(selected: dict[str, Any], control: dict[str, Any], diff: 
 
 def lookup_sentence(summary: Sequence[dict[str, Any]], info: dict[str, Any]) -> str:
     """What the heads add after n-gram lookup (paired against lookup alone), and whether any set
-    differs from the default there beyond its interval."""
+    differs from the default there beyond its interval (simultaneous over the sets, as in
+    :func:`verdict_sentence`)."""
     over = info.get("head_over_lookup")
     if not over:
         return ""
-    level = _percent(info)
+    level, kind = _percent(info), _interval_name(info, "lookup_family")
     others = [r for r in summary if r["group"] not in ("default", "floor") and "lookup_diff" in r]
     beyond = [r for r in others if r["lookup_diff_lo"] > 0 or r["lookup_diff_hi"] < 0]
     text = (f"After lookup, the default set's head adds {over['diff']:+.3f} τ over lookup alone ({level}% CI "
@@ -354,13 +398,13 @@ def lookup_sentence(summary: Sequence[dict[str, Any]], info: dict[str, Any]) -> 
     if not others:
         return text + "."
     top = max(others, key=lambda r: abs(r["lookup_diff"]))
-    fmt = f"{top['layer_set']} ({top['lookup_diff']:+.3f}, {level}% CI {top['lookup_diff_lo']:+.3f} to {top['lookup_diff_hi']:+.3f})"
+    fmt = f"{top['layer_set']} ({top['lookup_diff']:+.3f}, {kind} CI {top['lookup_diff_lo']:+.3f} to {top['lookup_diff_hi']:+.3f})"
     if beyond:
         names = ", ".join(f"{r['layer_set']} ({r['lookup_diff']:+.3f})" for r in beyond)
         verb = "set differs" if len(beyond) == 1 else "sets differ"
         return text + (f"; drafting this way, {len(beyond)} of {len(others)} {verb} from the default beyond the "
-                       f"{level}% interval: {names}.")
-    return text + f"; drafting this way no set differs from the default beyond its interval (largest: {fmt})."
+                       f"{kind} interval: {names}.")
+    return text + f"; drafting this way no set differs from the default beyond its {kind} interval (largest: {fmt})."
 
 
 def _train_and_score(target: Any, train_store: Any, held_store: Any, ids: list[int], train: dict, seed: int,
@@ -399,8 +443,8 @@ def distilled_stores(target: Any, settings: SpeedTableSettings, layer_ids: Seque
 def run_speed_table(target: Any, sets: Sequence[LayerSet], settings: SpeedTableSettings | None = None, *,
                     progress: bool = True) -> SpeedTable:
     """Train one drafter per layer set and seed on the target's own answers with one budget, score
-    each by exact offline chain acceptance on held-out target answers (with paired bootstrap
-    intervals against the default set), then time real decoding of the default, the best selected
+    each by exact offline chain acceptance on held-out target answers (with paired two-level
+    bootstrap intervals against the default set, simultaneous over the sets), then time real decoding of the default, the best selected
     set and the best control against HF greedy ``generate``.
 
     Every corpus, store, drafter, score and timed run is cached under its own key, so an
@@ -413,6 +457,7 @@ def run_speed_table(target: Any, sets: Sequence[LayerSet], settings: SpeedTableS
     settings.check()
     acc_cfg = {"draft_len": 4, "max_draft_len": 6, "n_boot": 2000, "level": 0.95, "lookup_ngram": 0,
                **settings.acceptance}
+    acc_cfg.setdefault("family_level", acc_cfg["level"])
     d, level = acc_cfg["draft_len"], acc_cfg["level"]
     union = sorted({i for s in sets for i in s.layer_ids})
     train_store, held_store, corpus_name = distilled_stores(target, settings, union, progress)
@@ -449,27 +494,32 @@ def run_speed_table(target: Any, sets: Sequence[LayerSet], settings: SpeedTableS
     table = build_bigram_table(target, corpus_name, split="train")
     floor = bigram_acceptance(target, table, held_store, max_draft_len=acc_cfg["max_draft_len"], progress=progress)
     default = next(s for s in sets if s.group == "default")
-    base_runs = runs[default.name]
-    summary: list[dict[str, Any]] = []
-    for s in sets:
-        summary.append(_summary_row(s.name, s.group, s.aliases, s.layer_ids, runs[s.name], base_runs, acc_cfg))
-        if s.name in lookup_runs_by_set:
-            summary[-1].update(_lookup_columns(lookup_runs_by_set[s.name], lookup_runs_by_set[default.name], acc_cfg,
-                                               reference=s.group == "default"))
-    floor_runs = [floor] * len(base_runs)  # deterministic: the same floor paired with every seed
-    summary.append(_summary_row("bigram", "floor", [], [], floor_runs, base_runs, acc_cfg))
+    k_seeds = len(settings.seeds)
+    floor_runs = [floor] * k_seeds  # deterministic: the same floor paired with every seed
     lookup = lookup_acceptance(target, held_store, max_draft_len=acc_cfg["max_draft_len"], progress=progress)
-    lookup_runs = [lookup] * len(base_runs)
-    summary.append(_summary_row("lookup", "floor", [], [], lookup_runs, base_runs, acc_cfg))
-    info = {"draft_len": d, "level": level, "seeds": len(settings.seeds), "lookup_ngram": acc_cfg["lookup_ngram"], "heldout_sequences": len(floor.sequence_ids),
+    lookup_runs = [lookup] * k_seeds
+    # one family of comparisons with the default: every layer set (the floors ride along, unadjusted)
+    iv = _family_intervals([runs[s.name] for s in sets] + [floor_runs, lookup_runs], sets, acc_cfg)
+    summary: list[dict[str, Any]] = [_summary_row(s.name, s.group, s.aliases, s.layer_ids, runs[s.name], iv, i, acc_cfg)
+                                     for i, s in enumerate(sets)]
+    summary.append(_summary_row("bigram", "floor", [], [], floor_runs, iv, len(sets), acc_cfg))
+    summary.append(_summary_row("lookup", "floor", [], [], lookup_runs, iv, len(sets) + 1, acc_cfg))
+    info = {"draft_len": d, "level": level, "seeds": k_seeds, "lookup_ngram": acc_cfg["lookup_ngram"], "heldout_sequences": len(floor.sequence_ids),
             "heldout_positions": floor.positions, "heldout_cut_tokens": floor.cut_tokens, "corpus": corpus_name,
             "train_store_tokens": train_store.tokens, "heldout_store_tokens": held_store.tokens}
 
-    info.update(n_boot=acc_cfg["n_boot"])
+    info.update(n_boot=acc_cfg["n_boot"], family_level=acc_cfg["family_level"], interval=iv.basis,
+                seed_df=iv.seed_df, pooled_seed_std=round(iv.pooled_seed_std, 5), family=iv.family)
     if lookup_runs_by_set:
-        over = bootstrap_tau(lookup_runs_by_set[default.name], d, baseline=lookup_runs, n_boot=acc_cfg["n_boot"],
-                             level=level)
-        info["head_over_lookup"] = {k: round(over[k], 5) for k in ("diff", "diff_lo", "diff_hi")}
+        with_lookup = [s for s in sets if s.name in lookup_runs_by_set]
+        liv = _family_intervals([lookup_runs_by_set[s.name] for s in with_lookup] + [lookup_runs], with_lookup, acc_cfg)
+        position = {s.name: i for i, s in enumerate(sets)}
+        for i, s in enumerate(with_lookup):
+            summary[position[s.name]].update(_lookup_columns(liv, i, acc_cfg, reference=s.group == "default"))
+        alone = liv.rows[-1]  # lookup alone - the default's heads after lookup, unadjusted
+        info["head_over_lookup"] = {"diff": round(-alone["diff"], 5), "diff_lo": round(-alone["diff_hi"], 5),
+                                    "diff_hi": round(-alone["diff_lo"], 5)}
+        info["lookup_family"] = liv.family
     aliases = {a: s.name for s in sets for a in s.aliases}
     result = SpeedTable(rows, summary, [], [], info, {**runs, "bigram": floor_runs, "lookup": lookup_runs}, aliases)
     by_name = {s.name: s for s in sets}
@@ -497,27 +547,66 @@ def run_speed_table(target: Any, sets: Sequence[LayerSet], settings: SpeedTableS
     return result
 
 
-def _summary_row(name: str, group: str, aliases: Sequence[str], layer_ids: Sequence[int], runs: list[Any],
-                 base_runs: list[Any], acc_cfg: dict) -> dict[str, Any]:
-    from .drafter.acceptance import bootstrap_tau
+def _family_intervals(groups: list[list[Any]], sets: Sequence[LayerSet], acc_cfg: dict) -> Any:
+    """Intervals of every drafter in ``groups`` (the runs of ``sets`` in order, then any floors) from
+    one set of two-level replicates: differences against the default set, simultaneous (max-T) over
+    the other layer sets, the floors compared unadjusted (they are not candidates)."""
+    from .drafter.acceptance import acceptance_intervals
 
-    d = acc_cfg["draft_len"]
-    ci = bootstrap_tau(runs, d, baseline=base_runs, n_boot=acc_cfg["n_boot"], level=acc_cfg["level"])
+    ref = next(i for i, s in enumerate(sets) if s.group == "default")
+    family = [i for i, s in enumerate(sets) if s.group != "default"]
+    return acceptance_intervals(groups, acc_cfg["draft_len"], reference=ref, family=family, level=acc_cfg["level"],
+                                family_level=acc_cfg["family_level"], n_boot=acc_cfg["n_boot"])
+
+
+def _interval_columns(iv: Any, i: int, reference: bool) -> dict[str, Any]:
+    """Columns of drafter ``i`` of :class:`~wavesurf.drafter.intervals.TauIntervals` ``iv``: tau
+    with its interval, and the difference to the reference with ``diff_lo``/``diff_hi`` the
+    simultaneous interval for a member of the family (the per-comparison one for a floor),
+    ``diff_unadj_lo``/``diff_unadj_hi`` the per-comparison interval, the standard error with its
+    seed and sequence parts, and ``diff_interval`` saying which interval ``diff_lo`` is."""
+    r = iv.rows[i]
+    out = {k: round(r[k], 5) for k in ("tau", "tau_lo", "tau_hi", "tau_se", "tau_seed_std")}
+    if reference:
+        return {**out, "diff": 0.0, "diff_lo": 0.0, "diff_hi": 0.0, "diff_unadj_lo": 0.0, "diff_unadj_hi": 0.0,
+                "diff_se": 0.0, "diff_se_seed": 0.0, "diff_se_seq": 0.0, "diff_df": "", "diff_seed_min": 0.0,
+                "diff_seed_max": 0.0, "diff_interval": "reference"}
+    level = round(100 * iv.level)
+    fam = iv.family
+    simultaneous = "diff_fw_lo" in r and fam.get("comparisons", 0) > 1  # a family of one is one comparison
+    out.update(diff=round(r["diff"], 5),
+               diff_lo=round(r["diff_fw_lo" if simultaneous else "diff_lo"], 5),
+               diff_hi=round(r["diff_fw_hi" if simultaneous else "diff_hi"], 5),
+               diff_unadj_lo=round(r["diff_lo"], 5), diff_unadj_hi=round(r["diff_hi"], 5),
+               **{k: round(r[k], 5) for k in ("diff_se", "diff_se_seed", "diff_se_seq")},
+               diff_df=round(r["diff_df"], 1), diff_seed_min=round(r["diff_seed_min"], 5),
+               diff_seed_max=round(r["diff_seed_max"], 5),
+               diff_interval=(f"simultaneous {round(100 * fam['level'])}% (max-T over {fam['comparisons']} comparisons)"
+                              if simultaneous else f"per-comparison {level}%"))
+    return out
+
+
+def _summary_row(name: str, group: str, aliases: Sequence[str], layer_ids: Sequence[int], runs: list[Any],
+                 iv: Any, i: int, acc_cfg: dict) -> dict[str, Any]:
+    """One summary row: the set, what its intervals rest on (``seeds``, ``sequences``, ``interval``),
+    :func:`_interval_columns` and the verdict (:func:`classify` of the simultaneous interval)."""
     row = {"layer_set": name, "group": group, "aliases": " ".join(aliases), "layer_ids": " ".join(map(str, layer_ids)),
-           "seeds": len(runs), "draft_len": d, **{k: round(v, 5) for k, v in ci.items()},
+           "seeds": iv.seeds, "sequences": iv.sequences, "interval": iv.basis, "draft_len": acc_cfg["draft_len"],
+           **_interval_columns(iv, i, reference=group == "default"),
            "step_accuracy_0": round(float(np.mean([r.step_accuracy[0] for r in runs])), 5)}
-    row["verdict"] = "reference" if group == "default" else classify(ci)
+    row["verdict"] = "reference" if group == "default" else classify(row)
     return row
 
 
-def _lookup_columns(runs: list[Any], base_runs: list[Any], acc_cfg: dict, reference: bool) -> dict[str, Any]:
+def _lookup_columns(liv: Any, i: int, acc_cfg: dict, reference: bool) -> dict[str, Any]:
     """tau of a set's heads drafting with n-gram lookup first, with its interval, and the paired
-    difference to the default set's heads drafting the same way."""
-    from .drafter.acceptance import bootstrap_tau
-
-    ci = bootstrap_tau(runs, acc_cfg["draft_len"], baseline=base_runs, n_boot=acc_cfg["n_boot"], level=acc_cfg["level"])
-    out = {"lookup_" + k: round(v, 5) for k, v in ci.items() if k != "tau_seed_std"}
-    out["lookup_verdict"] = "reference" if reference else classify(ci)
+    difference to the default set's heads drafting the same way (simultaneous over the sets, the
+    per-comparison interval as ``lookup_diff_unadj_*``)."""
+    cols = _interval_columns(liv, i, reference)
+    keys = ("tau", "tau_lo", "tau_hi", "diff", "diff_lo", "diff_hi", "diff_unadj_lo", "diff_unadj_hi", "diff_se",
+            "diff_seed_min", "diff_seed_max")
+    out = {"lookup_" + k: cols[k] for k in keys}
+    out["lookup_verdict"] = "reference" if reference else classify(cols)
     return out
 
 

@@ -21,6 +21,8 @@ batched generation) the continuation is cut there: past that point greedy decodi
 another path.
 
 Units: ``tau`` is tokens per target forward after the prefill (>= 1); accuracies are fractions.
+Intervals (:func:`bootstrap_tau`, :func:`acceptance_intervals`) resample held-out sequences and
+training seeds; the resampling is in :mod:`wavesurf.drafter.intervals`.
 """
 from __future__ import annotations
 
@@ -38,6 +40,7 @@ from .._version import __version__
 from ..cache import atomic_directory, cache_root, params_key, verify_directory, write_manifest
 from .features import FeatureStore
 from .head import DraftHead
+from .intervals import TauIntervals, tau_intervals
 from .lookup import check_lookup_ngram, lookup_drafts
 
 ACCEPTANCE_FORMAT = 1
@@ -509,53 +512,73 @@ def lookup_acceptance(target: Any, store: FeatureStore, *, max_draft_len: int = 
 
 
 # ---------------------------------------------------------------------------------------------
-# intervals
+# intervals (the resampling itself lives in :mod:`wavesurf.drafter.intervals`)
+def _check_runs(groups: Sequence[Sequence[Acceptance]], draft_len: int) -> None:
+    if not groups or any(not g for g in groups):
+        raise AcceptanceError("intervals need at least one acceptance run per drafter")
+    ref = groups[0][0]
+    for g in groups:
+        if len(g) != len(groups[0]):
+            raise AcceptanceError(f"drafters scored with different numbers of training seeds ({len(groups[0])} runs "
+                                  f"of {ref.name!r}, {len(g)} of {g[0].name!r}); paired intervals pair seed k with "
+                                  "seed k")
+        for r in g:
+            if r.sequence_ids != ref.sequence_ids:
+                raise AcceptanceError(f"acceptance runs {ref.name!r} and {r.name!r} are on different continuations; "
+                                      "paired intervals need the same held-out store")
+            if not is_int(draft_len, 1) or draft_len > r.max_draft_len:
+                raise AcceptanceError(f"draft_len={draft_len} is not one run {r.name!r} scored (1..{r.max_draft_len})")
+
+
+def acceptance_intervals(groups: Sequence[Sequence[Acceptance]], draft_len: int, *, reference: int | None = None,
+                         family: Sequence[int] = (), level: float = 0.95, family_level: float | None = None,
+                         n_boot: int = 2000, seed: int = 0, pool_seeds: bool = True) -> TauIntervals:
+    """Intervals of tau at ``draft_len`` for several drafters (``groups``: one list of runs per
+    drafter, one run per training seed, all on the same held-out continuations), resampling
+    held-out sequences and training seeds (:func:`wavesurf.drafter.intervals.tau_intervals`:
+    differences against ``reference``, simultaneous ones for ``family``). A deterministic drafter
+    (a floor) is passed as the same run repeated once per seed."""
+    _check_runs(groups, draft_len)
+    committed = np.stack([np.stack([r.committed[:, draft_len - 1] for r in g]) for g in groups])
+    cycles = np.stack([np.stack([r.cycles[:, draft_len - 1] for r in g]) for g in groups])
+    return tau_intervals(committed, cycles, reference=reference, family=family, level=level,
+                         family_level=family_level, n_boot=n_boot, seed=seed, pool_seeds=pool_seeds)
+
+
+#: what :func:`bootstrap_tau` returns besides tau and its interval
+_DIFF_KEYS = ("diff", "diff_lo", "diff_hi", "diff_se", "diff_se_seed", "diff_se_seq", "diff_df", "diff_seq_lo",
+              "diff_seq_hi", "diff_seed_min", "diff_seed_max")
+
+
 def bootstrap_tau(runs: Sequence[Acceptance], draft_len: int, *, baseline: Sequence[Acceptance] | None = None,
-                  n_boot: int = 2000, seed: int = 0, level: float = 0.95) -> dict[str, float]:
-    """tau at ``draft_len`` averaged over ``runs`` (e.g. training seeds), with a percentile
-    bootstrap interval over sequences; with ``baseline`` (runs of another drafter on the same
-    continuations) also the **paired** difference ``runs - baseline`` and its interval: each
-    resample draws one set of sequences and scores every drafter on it, so sampling noise of the
-    continuations cancels in the difference."""
+                  n_boot: int = 2000, seed: int = 0, level: float = 0.95, pool_seeds: bool = True) -> dict[str, float]:
+    """tau at ``draft_len`` averaged over ``runs`` (one per training seed) with its interval; with
+    ``baseline`` (runs of another drafter on the same continuations, as many seeds) also the
+    **paired** difference ``runs - baseline`` and its interval: each replicate draws one set of
+    sequences (and of seeds, paired by index) and scores every drafter on it, so the sampling
+    noise of the continuations cancels in the difference.
+
+    Why two levels: a head's tau depends on the held-out sequences *and* on its training run, so
+    with 2 or more seeds the interval resamples both (``tau_se``/``diff_se`` with their
+    Satterthwaite ``*_df``; ``diff_se_seed``/``diff_se_seq`` are the two parts); ``diff_seq_lo``/
+    ``diff_seq_hi`` are the sequence-only interval, which under-covers when seeds differ. With one
+    seed the interval is the sequence percentile interval (seed variance not estimated; label it
+    with :func:`wavesurf.drafter.intervals.basis` of ``seeds`` and ``sequences``). Details:
+    :mod:`wavesurf.drafter.intervals`."""
     if not runs:
         raise AcceptanceError("bootstrap_tau needs at least one acceptance run")
-    if not 0 < level < 1:
-        raise AcceptanceError(f"level={level!r} must be in (0, 1)")
-    if not is_int(n_boot, 100):
-        raise AcceptanceError(f"n_boot={n_boot!r} must be an integer >= 100")
+    if baseline is not None and len(baseline) == 0:
+        baseline = None
     groups = [list(runs)] + ([list(baseline)] if baseline else [])
-    ref = runs[0].sequence_ids
-    for g in groups:
-        for r in g:
-            if r.sequence_ids != ref:
-                raise AcceptanceError(f"acceptance runs {runs[0].name!r} and {r.name!r} are on different continuations; "
-                                      "paired intervals need the same held-out store")
-            if draft_len > r.max_draft_len:
-                raise AcceptanceError(f"draft_len={draft_len} is longer than run {r.name!r} scored ({r.max_draft_len})")
-    s = len(ref)
-    if s < 2:
-        raise AcceptanceError(f"intervals need at least 2 held-out sequences, got {s}")
-    rng = np.random.default_rng(seed)
-    w = rng.multinomial(s, np.full(s, 1.0 / s), size=n_boot).astype(np.float64)  # [n_boot, S] resample counts
-
-    def taus(g: list[Acceptance]) -> tuple[float, np.ndarray]:
-        point = float(np.mean([r.tau(draft_len) for r in g]))
-        boot = np.mean([(w @ r.committed[:, draft_len - 1]) / np.maximum(w @ r.cycles[:, draft_len - 1], 1)
-                        for r in g], axis=0)
-        return point, boot
-
-    lo_q, hi_q = (1 - level) / 2, 1 - (1 - level) / 2
-    point, boot = taus(groups[0])
-    out = {"tau": point, "tau_lo": float(np.quantile(boot, lo_q)), "tau_hi": float(np.quantile(boot, hi_q)),
-           "tau_seed_std": float(np.std([r.tau(draft_len) for r in runs], ddof=1)) if len(runs) > 1 else 0.0}
+    iv = acceptance_intervals(groups, draft_len, reference=1 if baseline else None, level=level, n_boot=n_boot,
+                              seed=seed, pool_seeds=pool_seeds)
+    row = iv.rows[0]
+    out = {k: row[k] for k in ("tau", "tau_lo", "tau_hi", "tau_se", "tau_df", "tau_seed_std")}
+    out.update(seeds=iv.seeds, sequences=iv.sequences)
     if baseline:
-        bpoint, bboot = taus(groups[1])
-        diff = boot - bboot
-        per_seed = [r.tau(draft_len) - b.tau(draft_len) for r, b in zip(runs, baseline)]
-        out.update(diff=point - bpoint, diff_lo=float(np.quantile(diff, lo_q)), diff_hi=float(np.quantile(diff, hi_q)),
-                   diff_seed_min=float(min(per_seed)), diff_seed_max=float(max(per_seed)))
+        out.update({k: row[k] for k in _DIFF_KEYS})
     return out
 
 
-__all__ = ["Acceptance", "AcceptanceError", "BigramTable", "bigram_acceptance", "bootstrap_tau", "build_bigram_table",
+__all__ = ["Acceptance", "AcceptanceError", "BigramTable", "acceptance_intervals", "bigram_acceptance", "bootstrap_tau", "build_bigram_table",
            "continuations", "count_bigrams", "head_hits", "head_lookup_hits", "lookup_acceptance", "lookup_hits", "leading_hits", "offline_acceptance", "walk_chain"]

@@ -1,0 +1,333 @@
+"""Intervals for offline acceptance τ that resample what is random in the experiment: the held-out
+sequences *and* the training seeds; and simultaneous (family-wise) intervals for a family of
+comparisons with one reference set.
+
+Why two levels. A head's τ varies for two reasons: which conversations were held out (sequences)
+and which training run produced the head (seed: initialisation and data order). A bootstrap over
+sequences with every head fixed answers "how would *these* heads do on other conversations"; the
+speed table asks "would another training run of this layer set beat another run of the default",
+so its intervals resample the unit of each noise: sequences and seeds.
+
+The replicates. Replicate ``b`` draws sequence weights ``w_b`` (multinomial) and seed counts
+``pi_b`` (multinomial over the ``K`` seeds), both shared by every set compared: sequence
+difficulty cancels in a difference (pairing by sequence), and seed ``k`` of one set is paired with
+seed ``k`` of another (the speed table trains every set with the same seeds; pairing exchangeable
+pairs is valid whether or not they are correlated). With ``m_b`` the seed average of the per-seed
+ratio estimates ``τ_k(w_b)``, the replicate is::
+
+    θ*_b = m_b + sqrt(K / (K - 1)) * (Σ_k pi_bk τ_k(w_b) / K - m_b)
+
+The factor undoes the bootstrap's ``(K-1)/K`` shrinkage of a variance over ``K`` seeds, so the
+replicates' variance estimates ``V_seq + s²_seed / K`` (sequence part + between-seed variance of the
+mean) without bias; with 2 seeds that shrinkage would otherwise halve the seed part. The replicates
+carry the joint behaviour of the family (shared reference, shared sequences) into max-T below.
+
+Few seeds. Intervals are ``θ̂ ± t_ν · SE`` with ``SE² = V_seed + V_seq``: ``V_seq`` the variance
+of the sequence-only replicates (seeds fixed), ``V_seed`` the between-seed variance of full-sample τ
+over ``K``. With 2 seeds a drafter's own between-seed variance has 1 degree of freedom, and since
+every comparison shares the reference's two seeds, a family of comparisons then misses the truth
+several times as often as it claims (measured in ``tests/drafter/test_intervals.py``). So by default
+the between-seed variance is **pooled** over every drafter whose score changes with the seed
+(training noise taken to be alike across layer sets, as the error term of an ANOVA), with
+``G'(K - 1)`` degrees of freedom, and a difference of two trained heads gets ``2 σ²_seed / K``
+(seeds taken as independent; a positive correlation from pairing only makes this conservative).
+``ν`` is the Welch–Satterthwaite combination of the two parts' degrees of freedom (seed part,
+``S - 1``). The between-seed variance of full-sample τ also carries the seed x sequence interaction
+once more than needed, which makes the intervals slightly conservative (no resampling scheme is
+exactly unbiased for a crossed design; McCullagh 2000, *Bernoulli* 6:285).
+
+With one seed there is no seed variance to estimate: the interval is the percentile interval over
+sequences alone (what :func:`~wavesurf.drafter.acceptance.bootstrap_tau` always gave), labelled
+``sequences only`` in :func:`basis`.
+
+Simultaneous intervals (max-T). For a family of ``m`` differences against one reference, each
+replicate's differences are studentized, ``T*_gb = (Δ*_gb - Δ̂_g) / SE*_g`` (``SE*``: the
+replicates' standard deviation), and the family level's
+quantile ``c`` of ``max_g |T*_gb|`` is the common critical value (Westfall & Young 1993; Romano &
+Wolf 2005): it knows the comparisons share the reference and the sequences, so it is less
+conservative than Bonferroni and still holds the family-wise error. With few seeds the bootstrap's
+tails are too light, so ``c`` is read as a per-comparison level ``α'`` (the replicates' mean
+exceedance of ``c``, kept between ``α/m`` and ``α``) and each comparison gets
+``max(c, t_ν(1 - α'/2))`` standard errors; with many seeds and sequences that is ``c`` itself.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from statistics import NormalDist
+from typing import Any
+
+import numpy as np
+
+from ..errors import AcceptanceError, is_int
+
+
+def check_level(level: Any, name: str = "level") -> float:
+    """A confidence level strictly between 0 and 1 (refused otherwise)."""
+    if isinstance(level, bool) or not isinstance(level, (int, float)) or not 0 < level < 1:
+        raise AcceptanceError(f"{name}={level!r} must be a number in (0, 1), e.g. 0.95")
+    return float(level)
+
+
+def basis(n_seeds: int, n_sequences: int) -> str:
+    """What an interval rests on, in words (a CSV field: an interval is never silently seed-free)."""
+    if n_seeds >= 2:
+        return f"{n_seeds} seeds x {n_sequences} sequences"
+    return f"sequences only ({n_sequences} sequences; 1 seed, seed variance not estimated)"
+
+
+# ---------------------------------------------------------------------------------------------
+# Student's t quantiles for non-integer degrees of freedom (numpy only, vectorised)
+def _log_betacf(a: np.ndarray, b: np.ndarray, x: np.ndarray, iters: int = 300) -> np.ndarray:
+    """log of the continued fraction of the regularised incomplete beta (modified Lentz)."""
+    tiny = 1e-300
+    qab, qap, qam = a + b, a + 1.0, a - 1.0
+    c = np.ones_like(x)
+    d = 1.0 - qab * x / qap
+    d = np.where(np.abs(d) < tiny, tiny, d)
+    d = 1.0 / d
+    h = d.copy()
+    for m in range(1, iters + 1):
+        m2 = 2 * m
+        aa = m * (b - m) * x / ((qam + m2) * (a + m2))
+        d = 1.0 + aa * d
+        d = np.where(np.abs(d) < tiny, tiny, d)
+        c = 1.0 + aa / c
+        c = np.where(np.abs(c) < tiny, tiny, c)
+        d = 1.0 / d
+        h = h * d * c
+        aa = -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))
+        d = 1.0 + aa * d
+        d = np.where(np.abs(d) < tiny, tiny, d)
+        c = 1.0 + aa / c
+        c = np.where(np.abs(c) < tiny, tiny, c)
+        d = 1.0 / d
+        delta = d * c
+        h = h * delta
+        if np.all(np.abs(delta - 1.0) < 1e-13):
+            break
+    return np.log(h)
+
+
+_lgamma = np.vectorize(math.lgamma, otypes=[float])
+
+
+def _log_betainc(a: np.ndarray, b: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """log of the regularised incomplete beta I_x(a, b), 0 < x < 1 (the continued fraction where it
+    converges fast, else through I_x(a, b) = 1 - I_{1-x}(b, a))."""
+    out = np.empty_like(x)
+    direct = x < (a + 1) / (a + b + 2)
+    for sel, (p, q, y) in ((direct, (a, b, x)), (~direct, (b, a, 1 - x))):
+        if sel.any():
+            p, q, y = p[sel], q[sel], y[sel]
+            log_i = (_lgamma(p + q) - _lgamma(p) - _lgamma(q) + p * np.log(y) + q * np.log1p(-y)
+                     + _log_betacf(p, q, y) - np.log(p))
+            out[sel] = log_i if sel is direct else np.log1p(-np.exp(np.minimum(log_i, -1e-300)))
+    return out
+
+
+def t_critical(alpha: Any, df: Any) -> np.ndarray:
+    """Two-sided critical values ``t`` with ``P(|T_df| > t) = alpha``, for arrays of ``alpha`` in
+    (0, 1) and ``df >= 1`` (non-integer allowed; ``inf``: the normal quantile). Newton steps on the
+    log tail ``log I_{df/(df+t²)}(df/2, 1/2)``; numpy only (no scipy in the dependencies)."""
+    alpha, df = np.broadcast_arrays(np.asarray(alpha, dtype=float), np.asarray(df, dtype=float))
+    alpha, df = alpha.astype(float).copy(), df.astype(float).copy()
+    if np.any(~((alpha > 0) & (alpha < 1))) or np.any(~(df >= 1)):
+        raise AcceptanceError(f"t_critical needs 0 < alpha < 1 and df >= 1, got alpha={alpha}, df={df}")
+    z = np.array([NormalDist().inv_cdf(1 - a / 2) for a in alpha.ravel()]).reshape(alpha.shape)
+    out = z.copy()
+    finite = df < 1e7
+    if not finite.any():
+        return out
+    a, nu, zf = alpha[finite], df[finite], z[finite]
+    t = np.maximum(zf + (zf ** 3 + zf) / (4 * nu), 1e-3)  # Cornish-Fisher start, then Newton
+    log_c = _lgamma((nu + 1) / 2) - _lgamma(nu / 2) - 0.5 * np.log(nu * np.pi)
+    target, half = np.log(a), np.full_like(nu, 0.5)
+    for _ in range(200):
+        log_tail = _log_betainc(nu / 2, half, nu / (nu + t * t))
+        log_pdf = log_c - (nu + 1) / 2 * np.log1p(t * t / nu)
+        # d log tail / dt = -2 pdf / tail: a Newton step on the log tail, kept within [t/2, 2t]
+        step = (log_tail - target) / (2 * np.exp(log_pdf - log_tail))
+        t_new = np.clip(t + step, 0.5 * t, 2.0 * t)
+        done = np.abs(t_new - t) <= 1e-12 * t
+        t = t_new
+        if done.all():
+            break
+    out[finite] = t
+    return out
+
+
+def satterthwaite(v_seed: Any, v_seq: Any, df_seed: float, df_seq: float) -> np.ndarray:
+    """Welch–Satterthwaite degrees of freedom of ``v_seed + v_seq`` whose parts have ``df_seed``
+    and ``df_seq`` degrees of freedom (a part that is 0 adds none; ``inf`` where both are 0)."""
+    v_seed, v_seq = np.asarray(v_seed, float), np.asarray(v_seq, float)
+    num = (v_seed + v_seq) ** 2
+    den = (v_seed ** 2 / df_seed if df_seed > 0 else 0.0) + v_seq ** 2 / df_seq
+    with np.errstate(invalid="ignore", divide="ignore"):
+        nu = np.where(den > 0, num / np.where(den > 0, den, 1.0), np.inf)
+    return np.maximum(nu, 1.0)
+
+
+# ---------------------------------------------------------------------------------------------
+# the intervals
+@dataclass
+class TauIntervals:
+    """Intervals of ``G`` drafters' τ (one row per drafter, keys below) from one set of replicates.
+
+    Per row: ``tau`` (mean over seeds of the per-seed τ), ``tau_lo``/``tau_hi`` (two-level t
+    interval, or the sequence percentile interval with 1 seed), ``tau_se``, ``tau_df``,
+    ``tau_seed_std``, ``tau_seq_lo``/``tau_seq_hi`` (sequence-only percentile interval, seeds
+    fixed). With a reference, per row also ``diff`` (row - reference, seeds paired),
+    ``diff_lo``/``diff_hi`` (per-comparison interval), ``diff_seq_lo``/``diff_seq_hi`` (sequence
+    only), ``diff_se`` with its parts ``diff_se_seed``
+    and ``diff_se_seq``, ``diff_df``, ``diff_seed_min``/``diff_seed_max`` (the per-seed
+    differences); for members of the family also ``diff_fw_lo``/``diff_fw_hi`` (simultaneous) and
+    ``diff_fw_crit`` (the critical value used, in SEs). ``family``: the family's size, level,
+    max-T critical value ``crit`` and the per-comparison level ``alpha_per_comparison`` it implies.
+    """
+
+    rows: list[dict[str, float]]
+    seeds: int
+    sequences: int
+    level: float
+    seed_df: int = 0  # degrees of freedom of the between-seed variance (pooled over drafters, or K - 1)
+    pooled_seed_std: float = 0.0  # between-seed standard deviation of one head's tau (pooled where pooling)
+    family: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def basis(self) -> str:
+        return basis(self.seeds, self.sequences)
+
+
+def tau_intervals(committed: Any, cycles: Any, *, reference: int | None = None, family: Sequence[int] = (),
+                  level: float = 0.95, family_level: float | None = None, n_boot: int = 2000, seed: int = 0,
+                  pool_seeds: bool = True) -> TauIntervals:
+    """Two-level bootstrap intervals of τ for ``G`` drafters scored on the same ``S`` held-out
+    sequences, ``K`` training seeds each: ``committed``/``cycles`` int ``[G, K, S]`` (tokens and
+    target forwards per sequence at one draft length). ``reference``: index of the drafter every
+    difference is taken against (None: no differences); ``family``: indices whose differences get
+    simultaneous intervals at ``family_level`` (default ``level``) by max-T.
+
+    ``pool_seeds``: the between-seed variance of τ is one number for every drafter whose scores
+    change with the seed (a trained head; a floor repeated per seed has none), estimated from all
+    of them with ``G'(K - 1)`` degrees of freedom, as the pooled error of an ANOVA. With 2 seeds a
+    per-comparison estimate has 1 degree of freedom and a family of comparisons with one shared
+    reference cannot hold its error rate (``tests/drafter/test_intervals.py`` measures both);
+    ``False`` estimates it per drafter (from the paired per-seed differences for a difference).
+    See the module docstring for why sequences and seeds are both resampled."""
+    level = check_level(level)
+    family_level = level if family_level is None else check_level(family_level, "family_level")
+    if not is_int(n_boot, 100):
+        raise AcceptanceError(f"n_boot={n_boot!r} must be an integer >= 100")
+    c = np.asarray(committed, dtype=np.float64)
+    n = np.asarray(cycles, dtype=np.float64)
+    if c.ndim != 3 or c.shape != n.shape:
+        raise AcceptanceError(f"committed and cycles must both be [drafters, seeds, sequences], got "
+                              f"{c.shape} and {n.shape}")
+    G, K, S = c.shape
+    if G < 1 or K < 1:
+        raise AcceptanceError(f"intervals need at least one drafter and one seed, got shape {c.shape}")
+    if S < 2:
+        raise AcceptanceError(f"intervals need at least 2 held-out sequences, got {S}")
+    family = [int(g) for g in family]
+    if family and reference is None:
+        raise AcceptanceError("a family of comparisons needs a reference drafter")
+    if reference is not None and not 0 <= reference < G:
+        raise AcceptanceError(f"reference={reference} is not one of the {G} drafters")
+    if any(not 0 <= g < G or g == reference for g in family) or len(set(family)) != len(family):
+        raise AcceptanceError(f"family={family} must list distinct drafters 0..{G - 1} other than the reference")
+
+    rng = np.random.default_rng(seed)
+    w = rng.multinomial(S, np.full(S, 1.0 / S), size=n_boot).astype(np.float64)  # [B, S]
+    num = (w @ c.reshape(G * K, S).T).reshape(n_boot, G, K)
+    den = (w @ n.reshape(G * K, S).T).reshape(n_boot, G, K)
+    tau_bgk = num / np.maximum(den, 1.0)  # per-seed tau on each replicate
+    seq_rep = tau_bgk.mean(axis=2)  # [B, G]: sequences resampled, seeds fixed (and averaged)
+    if K >= 2:
+        pi = rng.multinomial(K, np.full(K, 1.0 / K), size=n_boot) / K  # [B, K], shared by all drafters
+        rep = seq_rep + math.sqrt(K / (K - 1)) * (np.einsum("bk,bgk->bg", pi, tau_bgk) - seq_rep)
+    else:
+        rep = seq_rep
+    csum, nsum = c.sum(axis=2), n.sum(axis=2)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        per_seed = np.where(nsum > 0, csum / np.where(nsum > 0, nsum, 1.0), np.nan)  # [G, K]
+    point = per_seed.mean(axis=1)
+
+    # between-seed variance: 0 for a drafter whose scores do not change with the seed (a floor)
+    varies = np.array([K >= 2 and not (np.all(c[g] == c[g, :1]) and np.all(n[g] == n[g, :1])) for g in range(G)])
+    s2 = per_seed.var(axis=1, ddof=1) if K >= 2 else np.zeros(G)
+    pooled = pool_seeds and varies.sum() >= 2
+    sigma2 = np.where(varies, s2[varies].mean() if pooled else s2, 0.0)
+    df_seed = int(varies.sum()) * (K - 1) if pooled else K - 1
+    alpha = 1 - level
+
+    def interval(est: np.ndarray, seq_b: np.ndarray, v_seed: np.ndarray) -> tuple[np.ndarray, ...]:
+        v_seq = seq_b.var(axis=0, ddof=1)
+        se, df = np.sqrt(v_seed + v_seq), satterthwaite(v_seed, v_seq, df_seed, S - 1)
+        seq_lo, seq_hi = np.quantile(seq_b, alpha / 2, axis=0), np.quantile(seq_b, 1 - alpha / 2, axis=0)
+        if K == 1:  # nothing to add: the sequence-only percentile interval, as before seeds were resampled
+            return seq_lo, seq_hi, se, df, v_seq, seq_lo, seq_hi
+        half = t_critical(np.full(len(est), alpha), df) * se
+        return est - half, est + half, se, df, v_seq, seq_lo, seq_hi
+
+    lo, hi, se, df, _, seq_lo, seq_hi = interval(point, seq_rep, sigma2 / K)
+    rows: list[dict[str, float]] = [
+        {"tau": float(point[g]), "tau_lo": float(lo[g]), "tau_hi": float(hi[g]), "tau_se": float(se[g]),
+         "tau_df": float(df[g]), "tau_seq_lo": float(seq_lo[g]), "tau_seq_hi": float(seq_hi[g]),
+         "tau_seed_std": float(np.std(per_seed[g], ddof=1)) if K > 1 else 0.0}
+        for g in range(G)]
+    out = TauIntervals(rows, K, S, level, seed_df=df_seed, pooled_seed_std=float(math.sqrt(sigma2.max())))
+    if reference is None:
+        return out
+
+    d_seed = per_seed - per_seed[reference]  # [G, K] per-seed differences (seeds paired)
+    d_point = point - point[reference]
+    d_seq, d_rep = seq_rep - seq_rep[:, [reference]], rep - rep[:, [reference]]
+    same = np.array([np.array_equal(c[g], c[reference]) and np.array_equal(n[g], n[reference]) for g in range(G)])
+    if pooled:  # two independent training runs (a positive pairing correlation only makes this conservative)
+        dv_seed = (sigma2 + sigma2[reference]) / K
+    else:
+        dv_seed = d_seed.var(axis=1, ddof=1) / K if K >= 2 else np.zeros(G)
+    dv_seed = np.where(same, 0.0, dv_seed)
+    dlo, dhi, dse, ddf, dv_seq, dseq_lo, dseq_hi = interval(d_point, d_seq, dv_seed)
+    for g, r in enumerate(rows):
+        r.update(diff=float(d_point[g]), diff_lo=float(dlo[g]), diff_hi=float(dhi[g]), diff_se=float(dse[g]),
+                 diff_seq_lo=float(dseq_lo[g]), diff_seq_hi=float(dseq_hi[g]),
+                 diff_se_seed=float(math.sqrt(dv_seed[g])), diff_se_seq=float(math.sqrt(dv_seq[g])),
+                 diff_df=float(ddf[g]), diff_seed_min=float(d_seed[g].min()), diff_seed_max=float(d_seed[g].max()))
+    if family:
+        fam = np.array(family)
+        crit, alpha_pc, per = max_t(d_rep[:, fam], d_point[fam], ddf[fam], family_level)
+        for g, cg in zip(fam, per):
+            rows[g].update(diff_fw_lo=float(d_point[g] - cg * dse[g]), diff_fw_hi=float(d_point[g] + cg * dse[g]),
+                           diff_fw_crit=float(cg))
+        out.family = {"comparisons": len(fam), "level": family_level, "method": "max-T", "crit": float(crit),
+                      "alpha_per_comparison": float(alpha_pc)}
+    return out
+
+
+def max_t(replicates: np.ndarray, estimate: np.ndarray, df: np.ndarray,
+          family_level: float) -> tuple[float, float, np.ndarray]:
+    """Max-T critical values of a family of ``m`` estimates from shared bootstrap ``replicates``
+    ``[B, m]``: each replicate studentized by the replicates' own standard deviation, the
+    ``family_level`` quantile ``c`` of ``max_g |(θ*_g - θ̂_g) / SE*_g|``, the per-comparison level
+    ``α'`` at which ``c`` operates (the family's mean share of replicates beyond ``c``, kept
+    between Bonferroni's ``α/m`` and ``α``) and each estimate's critical value
+    ``max(c, t_{df_g}(1 - α'/2))`` (the t restores the tails a bootstrap over few seeds lacks).
+    Estimates whose replicates do not vary (a drafter compared with itself) stay out of the maximum."""
+    family_level = check_level(family_level, "family_level")
+    se = replicates.std(axis=0, ddof=1)
+    live = se > 0
+    if not live.any():
+        return 0.0, 1 - family_level, np.zeros(len(se))
+    t = np.abs(replicates[:, live] - estimate[live]) / se[live]
+    crit = float(np.quantile(t.max(axis=1), family_level))
+    alpha = 1 - family_level
+    alpha_pc = float(np.clip((t > crit).mean(), alpha / int(live.sum()), alpha))
+    per = np.zeros(len(se))
+    per[live] = np.maximum(crit, t_critical(np.full(int(live.sum()), alpha_pc), df[live]))
+    return crit, alpha_pc, per
+
+
+__all__ = ["TauIntervals", "basis", "check_level", "max_t", "satterthwaite", "t_critical", "tau_intervals"]
