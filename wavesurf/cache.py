@@ -55,6 +55,35 @@ def describe_differences(old: Mapping[str, Any], new: Mapping[str, Any]) -> str:
     return "; ".join(f"{k}: {old.get(k)!r} there, {new.get(k)!r} now" for k in keys) or "none"
 
 
+BUILD_FILE = "build.json"
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary sibling and a rename: never half a file."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def resume_build(where: Path, params: Mapping[str, Any], record: Mapping[str, Any], what: str,
+                 error: type[Exception]) -> dict[str, Any]:
+    """Start or resume the build of an entry that is written in parts (chunks, shards): its
+    ``build.json`` records ``params`` first, so an interrupted build resumes only with the same
+    parameters. Returns the record of the build being resumed, or ``record`` (with ``params``) as
+    written now; refuses a directory holding an unfinished ``what`` with other parameters."""
+    where.mkdir(parents=True, exist_ok=True)
+    build_file = where / BUILD_FILE
+    if build_file.is_file():
+        old = json.loads(build_file.read_text())
+        if old.get("params") != dict(params):
+            raise error(f"{where} holds an unfinished {what} with other parameters "
+                        f"({describe_differences(old.get('params', {}), params)}); remove it or choose another path")
+        return old
+    new = {"params": dict(params), **record}
+    write_text_atomic(build_file, json.dumps(new, indent=2, sort_keys=True))
+    return new
+
+
 def write_rows_csv(path: Path, rows: Sequence[Mapping[str, Any]], float_format: str = ".10g") -> Path:
     """Tidy CSV; the header is every key in order of first appearance (a row without a column gets
     an empty cell); floats (numpy ones too) with ``float_format``; lists (of layer ids) space-joined."""

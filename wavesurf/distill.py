@@ -35,7 +35,8 @@ from pathlib import Path
 from typing import Any
 
 from ._version import __version__
-from .cache import describe_differences, entry_dir, params_key, read_manifest, write_manifest
+from .cache import (BUILD_FILE, describe_differences, entry_dir, params_key, read_manifest, resume_build,
+                    write_manifest, write_text_atomic)
 from .data import (
     GENERATED_KIND, SPLITS, Corpus, DatasetError, Example, generated_root, load_corpus, parse_generated_name,
     read_generated,
@@ -51,7 +52,6 @@ DEFAULT_CHUNK_EXAMPLES = 32
 #: top-2 logit gap below which a batched greedy answer is re-decoded at batch 1 (the largest
 #: batched-vs-batch-1 logit difference measured on SmolLM2 is far below this, see the README)
 TIE_EPS = 1e-3
-BUILD_FILE = "build.json"
 #: the row count packed weights are chosen and reordered for (a full batch at the default size)
 PACKED_ROWS = DEFAULT_BATCH_SIZE
 
@@ -289,12 +289,6 @@ def _chunk_name(i: int) -> str:
     return f"chunk_{i:05d}.jsonl"
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-
-
 def _read_chunk(path: Path) -> list[dict[str, Any]]:
     with open(path, encoding="utf-8") as fh:
         return [json.loads(line) for line in fh]
@@ -385,17 +379,10 @@ def distill_corpus(
                           "or raise max_new_tokens")
     eos = eos_ids(target)
     where.mkdir(parents=True, exist_ok=True)
-    build_file = where / BUILD_FILE
-    if build_file.is_file():
-        old = json.loads(build_file.read_text())
-        if old.get("params") != params:
-            raise DistillError(f"{where} holds an unfinished generated corpus with other parameters "
-                               f"({describe_differences(old.get('params', {}), params)}); remove it or choose another path")
-        chunk_examples = int(old["chunk_examples"])  # chunk boundaries of the interrupted run
-    else:
-        chunk_examples = _reuse_chunks(where, params, chunk_examples)
-        _write_atomic(build_file, json.dumps({"params": params, "key": key, "chunk_examples": chunk_examples},
-                                             indent=2, sort_keys=True))
+    resumed = (where / BUILD_FILE).is_file()
+    chunk_examples = chunk_examples if resumed else _reuse_chunks(where, params, chunk_examples)
+    build = resume_build(where, params, {"key": key, "chunk_examples": chunk_examples}, "generated corpus", DistillError)
+    chunk_examples = int(build["chunk_examples"])  # an interrupted run keeps its chunk boundaries
     for stale in where.glob(".chunk_*.tmp"):
         stale.unlink()
 
@@ -428,7 +415,7 @@ def distill_corpus(
             recs = _distill_chunk(target, source.examples[start : start + chunk_examples], max_len=max_len,
                                   max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
                                   batch_size=batch_size, eos=eos, on_tokens=tick)
-            _write_atomic(where / _chunk_name(i), "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in recs))
+            write_text_atomic(where / _chunk_name(i), "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in recs))
             chunks.append({"file": _chunk_name(i), "examples": len(recs)})
             for r in recs:
                 if total < max_tokens:

@@ -36,12 +36,12 @@ import numpy as np
 
 from ..errors import is_int
 from .._version import __version__
-from ..cache import describe_differences, entry_dir, params_key, read_manifest, verify_directory, write_manifest
+from ..cache import (describe_differences, entry_dir, params_key, read_manifest, resume_build, verify_directory,
+                     write_manifest)
 from ..data import ROLE_ASSISTANT, ROLE_TEMPLATE, make_batches
 from .head import DrafterError
 
 FEATURE_FORMAT = 1
-BUILD_FILE = "build.json"
 STORE_DTYPES = ("float16", "float32")
 
 
@@ -186,15 +186,7 @@ def build_feature_store(
     loss_roles = "assistant" if has_assistant else "content"
     batches = make_batches(encoded, settings.batch_tokens)
 
-    where.mkdir(parents=True, exist_ok=True)
-    build_file = where / BUILD_FILE
-    if build_file.is_file():
-        old = json.loads(build_file.read_text())
-        if old.get("params") != params:
-            raise DrafterError(f"{where} holds an unfinished feature store with other parameters "
-                               f"({describe_differences(old.get('params', {}), params)}); remove it or choose another path")
-    else:
-        _write_json_atomic(build_file, {"params": params, "key": key})
+    resume_build(where, params, {"key": key}, "feature store", DrafterError)
     for stale in where.glob(".shard_*.tmp"):  # a shard whose write was interrupted
         stale.unlink()
     done = 0
@@ -257,12 +249,6 @@ def build_feature_store(
             if seconds > 0 and done < len(batches) else None}
     write_manifest(where, info, hash_files=False)
     return FeatureStore(where)
-
-
-def _write_json_atomic(path: Path, obj: Any) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True))
-    os.replace(tmp, path)
 
 
 # ---------------------------------------------------------------------------------------------
