@@ -46,8 +46,28 @@ def test_run_speed_table_trains_each_set_and_seed_once(smollm):
     assert table.rows[0]["train_tokens"] >= 0.5 * settings.train["train_tokens"]
     assert all(1.0 <= r["tau_1"] <= r["tau_3"] <= 4.0 for r in table.rows)  # a longer chain never commits less
     summary = {s["layer_set"]: s for s in table.summary}
-    assert set(summary) == {"default", "last-1", "bigram", "lookup"}
-    assert summary["bigram"]["group"] == summary["lookup"]["group"] == "floor"
+    assert set(summary) == {"default", "last-1", "bigram", "lookup", "embedding-only"}
+    assert summary["bigram"]["group"] == summary["lookup"]["group"] == summary["embedding-only"]["group"] == "floor"
+    # the embedding-only control: trained (2 seeds, varies with the seed), compared with the default unadjusted
+    control = summary["embedding-only"]
+    assert control["seeds"] == 2 and control["diff_lo"] <= control["diff"] <= control["diff_hi"]
+    rank = table.info["can_rank"]
+    assert set(rank) == {"bigram", "embedding-only", "ok"}
+    assert rank["ok"] == (rank["bigram"]["beaten"] and rank["embedding-only"]["beaten"])
+    if not rank["ok"]:  # tiny smoke heads: the verdict says first that the table cannot rank sets
+        assert table.verdict.startswith("At this training budget") and "cannot rank layer sets" in table.verdict
+    # where the bigram floor misses: a rate with its interval per set and for the control
+    for name in ("default", "last-1", "embedding-only"):
+        r = summary[name]
+        assert 0.0 <= r["rescue_lo"] <= r["rescue"] <= r["rescue_hi"] <= 1.0 and r["floor_misses"] > 0
+    # which layer each head listens to: shares sum to one per set; the default set's ablations
+    shares = {}
+    for r in table.streams:
+        shares.setdefault(r["layer_set"], []).append(r["share"])
+    assert set(shares) == {"default", "last-1"} and all(abs(sum(v) - 1) < 1e-3 for v in shares.values())
+    ablated = [r for r in table.streams if r["layer_set"] == "default"]
+    assert [r["layer_id"] for r in ablated] == [2, 15, 27]
+    assert all(r["drop_lo"] <= r["drop"] <= r["drop_hi"] for r in ablated)
     assert summary["lookup"]["tau"] >= 1.0
     d = summary["default"]
     assert d["seeds"] == 2 and d["tau_lo"] <= d["tau"] <= d["tau_hi"] and d["verdict"] == "reference"
@@ -124,6 +144,16 @@ def test_verdict_sentence_names_sets_intervals_and_counts():
     summary[1].update(verdict="within noise")
     assert verdict_sentence(summary, info).startswith(
         "No layer set beats the default [2 15 27] (τ = 1.304) beyond its simultaneous 95% interval")
+    # heads level with a floor: the sentence says first that the table cannot rank layer sets
+    info["can_rank"] = {"bigram": {"beaten": False, "margin": -0.046, "margin_lo": -0.07, "margin_hi": -0.02, "tau": 1.152},
+                        "embedding-only": {"beaten": True, "margin": 0.03, "margin_lo": 0.01, "margin_hi": 0.05,
+                                           "tau": 1.07}, "ok": False}
+    text = verdict_sentence(summary, info)
+    assert text.startswith("At this training budget the heads of the default [2 15 27] (τ = 1.304) do not beat the "
+                           "bigram floor (τ = 1.152; margin -0.046, 95% CI -0.070 to -0.020), so this table cannot rank")
+    assert "embedding-only" not in text.split("so this table")[0]
+    info["can_rank"]["ok"] = True
+    assert verdict_sentence(summary, info).startswith("No layer set beats")
 
 
 def test_selection_sentence_pairs_the_best_selected_set_with_the_best_control():

@@ -25,6 +25,8 @@ from .models import default_layer_ids, to_sglang
 from .select import check_k, select_layers
 
 SELECTION_METHODS = ("entropy", "aggregate", "cka", "combined")
+#: the summary row of the default set's head trained reading no target stream (a floor)
+CONTROL = "embedding-only"
 
 
 @dataclass
@@ -197,7 +199,13 @@ class SpeedTable:
     the simultaneous interval); with ``lookup_ngram`` also ``lookup_tau`` (n-gram lookup first, the
     head after it) with its interval and its paired difference to the default set drafting the
     same way (``lookup_diff_lo``/``hi`` simultaneous too); ``info["family"]``: the family's size,
-    level and critical value; ``timed``: real decoding of the default, the best selected set and the best control
+    level and critical value; ``info["can_rank"]``: whether the default set's heads beat both the
+    bigram floor and the ``embedding-only`` control (the default set's head trained reading no
+    stream, a ``floor`` row) beyond their intervals, without which the table cannot rank layer
+    sets; ``rescue_*`` columns: step-0 accuracy where the bigram floor drafts wrong (where only
+    what a head reads can help, :mod:`wavesurf.drafter.diagnostics`); ``streams``: per set and
+    layer, the share of the fused input each stream makes (first seed) and, for the default set,
+    tau without that stream; ``timed``: real decoding of the default, the best selected set and the best control
     against HF greedy ``generate``; ``curve``: offline tau against training tokens.
     """
 
@@ -208,6 +216,7 @@ class SpeedTable:
     info: dict[str, Any] = field(default_factory=dict)
     runs: dict[str, list[Any]] = field(default_factory=dict, repr=False)  # set name -> Acceptance per seed
     aliases: dict[str, str] = field(default_factory=dict, repr=False)  # alias -> set name
+    streams: list[dict[str, Any]] = field(default_factory=list)  # per set and layer: what the head reads
 
     def compare(self, name: str, baseline: str) -> dict[str, float]:
         """Paired difference of offline tau between two layer sets (or aliases) of the table, at the
@@ -363,13 +372,28 @@ def verdict_sentence(summary: Sequence[dict[str, Any]], info: dict[str, Any]) ->
     better = sorted((r for r in others if r["verdict"] == "better"), key=lambda r: -r["diff"])
     fmt = lambda r: f"{r['layer_set']} [{r['layer_ids']}] by {r['diff']:+.3f} τ ({kind} CI {r['diff_lo']:+.3f} to {r['diff_hi']:+.3f})"  # noqa: E731
     worse = sum(1 for r in others if r["verdict"] == "worse")
+    lead = _cannot_rank_clause(info, base)
     if better:
         head = f"{len(better)} of {len(others)} layer sets beat {base}: " + "; ".join(fmt(r) for r in better[:3])
     else:
         top = max(others, key=lambda r: r["diff"]) if others else None
         head = f"No layer set beats {base} beyond its {kind} interval" + (
             f"; the largest difference is {fmt(top)}" if top else "")
-    return f"{head}; {worse} {'set is' if worse == 1 else 'sets are'} worse ({where})."
+    return f"{lead}{head}; {worse} {'set is' if worse == 1 else 'sets are'} worse ({where})."
+
+
+def _cannot_rank_clause(info: dict[str, Any], base: str) -> str:
+    """The sentence the verdict starts with when the default set's heads do not beat the bigram
+    floor or the embedding-only control beyond the interval (empty when they beat both)."""
+    rank = info.get("can_rank") or {}
+    if not rank or rank.get("ok"):
+        return ""
+    level = _percent(info)
+    names = {"bigram": "the bigram floor", CONTROL: "their embedding-only control (the same head reading no layer)"}
+    missed = [f"{names[k]} (τ = {v['tau']:.3f}; margin {v['margin']:+.3f}, {level}% CI {v['margin_lo']:+.3f} to "
+              f"{v['margin_hi']:+.3f})" for k, v in rank.items() if isinstance(v, dict) and not v["beaten"]]
+    return (f"At this training budget the heads of {base} do not beat " + " or ".join(missed) +
+            ", so this table cannot rank layer sets for a reason that has to do with the layers. ")
 
 
 def selection_sentence(selected: dict[str, Any], control: dict[str, Any], diff: dict[str, float],
@@ -466,6 +490,7 @@ def run_speed_table(target: Any, sets: Sequence[LayerSet], settings: SpeedTableS
     runs: dict[str, list[Any]] = {}
     lookup_runs_by_set: dict[str, list[Any]] = {}
     heads: dict[str, Any] = {}
+    heads_by_seed: dict[str, list[Any]] = {}
     for s in sets:
         for seed in settings.seeds:
             result, head, acc, info = _train_and_score(target, train_store, held_store, s.layer_ids, settings.train,
@@ -479,6 +504,7 @@ def run_speed_table(target: Any, sets: Sequence[LayerSet], settings: SpeedTableS
                 lookup_runs_by_set.setdefault(s.name, []).append(both)
                 with_lookup = {f"lookup_tau_{k}": round(both.tau(k), 5) for k in both.draft_lens}
             heads.setdefault(s.name, result.out_dir)
+            heads_by_seed.setdefault(s.name, []).append(head)
             vocab = info.get("vocab", {})
             rows.append({
                 "layer_set": s.name, "group": s.group, "aliases": " ".join(s.aliases),
@@ -498,12 +524,24 @@ def run_speed_table(target: Any, sets: Sequence[LayerSet], settings: SpeedTableS
     floor_runs = [floor] * k_seeds  # deterministic: the same floor paired with every seed
     lookup = lookup_acceptance(target, held_store, max_draft_len=acc_cfg["max_draft_len"], progress=progress)
     lookup_runs = [lookup] * k_seeds
+    # the embedding-only control: the default set's head with every stream zeroed, same budget, data and seeds
+    control_runs = []
+    for seed in settings.seeds:
+        _, head, acc, _ = _train_and_score(target, train_store, held_store, default.layer_ids,
+                                           {**settings.train, "embedding_only": True}, seed, acc_cfg,
+                                           f"{CONTROL}/seed{seed}", progress)
+        control_runs.append(acc)
+        heads_by_seed.setdefault(CONTROL, []).append(head)
     # one family of comparisons with the default: every layer set (the floors ride along, unadjusted)
-    iv = _family_intervals([runs[s.name] for s in sets] + [floor_runs, lookup_runs], sets, acc_cfg)
+    iv = _family_intervals([runs[s.name] for s in sets] + [floor_runs, lookup_runs, control_runs], sets, acc_cfg)
     summary: list[dict[str, Any]] = [_summary_row(s.name, s.group, s.aliases, s.layer_ids, runs[s.name], iv, i, acc_cfg)
                                      for i, s in enumerate(sets)]
     summary.append(_summary_row("bigram", "floor", [], [], floor_runs, iv, len(sets), acc_cfg))
     summary.append(_summary_row("lookup", "floor", [], [], lookup_runs, iv, len(sets) + 1, acc_cfg))
+    summary.append(_summary_row(CONTROL, "floor", [], [], control_runs, iv, len(sets) + 2, acc_cfg))
+    streams, rescue = _diagnostics(target, sets, heads_by_seed, table, train_store, held_store, runs, acc_cfg, progress)
+    for row in summary:
+        row.update(rescue.get(row["layer_set"], {}))
     info = {"draft_len": d, "level": level, "seeds": k_seeds, "lookup_ngram": acc_cfg["lookup_ngram"], "heldout_sequences": len(floor.sequence_ids),
             "heldout_positions": floor.positions, "heldout_cut_tokens": floor.cut_tokens, "corpus": corpus_name,
             "train_store_tokens": train_store.tokens, "heldout_store_tokens": held_store.tokens}
@@ -521,7 +559,9 @@ def run_speed_table(target: Any, sets: Sequence[LayerSet], settings: SpeedTableS
                                     "diff_hi": round(-alone["diff_lo"], 5)}
         info["lookup_family"] = liv.family
     aliases = {a: s.name for s in sets for a in s.aliases}
-    result = SpeedTable(rows, summary, [], [], info, {**runs, "bigram": floor_runs, "lookup": lookup_runs}, aliases)
+    info["can_rank"] = _can_rank(summary)
+    result = SpeedTable(rows, summary, [], [], info, {**runs, "bigram": floor_runs, "lookup": lookup_runs,
+                                                      CONTROL: control_runs}, aliases, streams)
     by_name = {s.name: s for s in sets}
     chosen = [("default", default.name)]
     for label, groups in (("best selected", ("selected", "selected+filter")), ("best control", ("control",))):
@@ -545,6 +585,64 @@ def run_speed_table(target: Any, sets: Sequence[LayerSet], settings: SpeedTableS
                                      "draft_len": d, "tau": round(ci["tau"], 5), "tau_lo": round(ci["tau_lo"], 5),
                                      "tau_hi": round(ci["tau_hi"], 5)})
     return result
+
+
+def _diagnostics(target: Any, sets: Sequence[LayerSet], heads: dict[str, list[Any]], table: Any, train_store: Any,
+                 held_store: Any, runs: dict[str, list[Any]], acc_cfg: dict,
+                 progress: bool) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
+    """Whether the heads use their layers: per set, step-0 accuracy where the bigram floor is
+    wrong (seeds pooled, interval over held-out sequences); per set and layer, the stream's share
+    of the fused input (first seed's head); for the default set, tau without each stream (paired
+    with the full heads, every seed)."""
+    from .drafter.acceptance import acceptance_intervals, offline_acceptance
+    from .drafter.diagnostics import FloorMisses, ablate_stream, floor_miss_accuracy, stream_contributions
+
+    rescue: dict[str, dict[str, Any]] = {}
+    streams: list[dict[str, Any]] = []
+    d = acc_cfg["draft_len"]
+    for name in [s.name for s in sets] + [CONTROL]:
+        per_seed = [floor_miss_accuracy(target, h, table, held_store) for h in heads[name]]
+        pooled = FloorMisses(name, per_seed[0].sequence_ids, sum(f.misses for f in per_seed),
+                             sum(f.rescued for f in per_seed), sum(f.floor_hits for f in per_seed),
+                             sum(f.lost for f in per_seed))
+        iv = pooled.interval(n_boot=acc_cfg["n_boot"], level=acc_cfg["level"])
+        rescue[name] = {"rescue": round(iv["rescue_rate"], 5), "rescue_lo": round(iv["rescue_lo"], 5),
+                        "rescue_hi": round(iv["rescue_hi"], 5), "floor_misses": iv.get("floor_misses", 0)}
+    for s in sets:
+        for c in stream_contributions(heads[s.name][0], train_store):
+            streams.append({"layer_set": s.name, "group": s.group, "layer_id": c["layer_id"],
+                            "share": round(c["share"], 5), "contribution_rms": round(c["contribution_rms"], 5),
+                            "stream_rms": round(c["stream_rms"], 5), "fc_weight_norm": round(c["fc_weight_norm"], 5)})
+    default = next(s for s in sets if s.group == "default")
+    if len(default.layer_ids) > 1:
+        ablated = {lid: [offline_acceptance(target, ablate_stream(h, lid), held_store,
+                                            max_draft_len=acc_cfg["max_draft_len"],
+                                            name=f"{default.name} without {lid}/seed{i}", progress=progress)
+                         for i, h in enumerate(heads[default.name])] for lid in default.layer_ids}
+        lids = list(ablated)
+        iv = acceptance_intervals([ablated[lid] for lid in lids] + [runs[default.name]], d, reference=len(lids),
+                                  level=acc_cfg["level"], n_boot=acc_cfg["n_boot"])
+        for i, lid in enumerate(lids):
+            r = iv.rows[i]
+            row = next(x for x in streams if x["layer_set"] == default.name and x["layer_id"] == lid)
+            row.update(tau_without=round(r["tau"], 5), drop=round(-r["diff"], 5), drop_lo=round(-r["diff_hi"], 5),
+                       drop_hi=round(-r["diff_lo"], 5))
+    return streams, rescue
+
+
+def _can_rank(summary: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Whether the default set's heads beat the bigram floor and the embedding-only control beyond
+    the floors' (per-comparison) intervals: only then can differences between layer sets be about
+    the layers. A floor row's ``diff`` is floor - default, so the heads beat it when ``diff_hi < 0``."""
+    out: dict[str, Any] = {}
+    for name in ("bigram", CONTROL):
+        row = next((r for r in summary if r["layer_set"] == name), None)
+        if row is not None:
+            out[name] = {"beaten": bool(row["diff_hi"] < 0), "margin": round(-row["diff"], 5),
+                         "margin_lo": round(-row["diff_hi"], 5), "margin_hi": round(-row["diff_lo"], 5),
+                         "tau": row["tau"]}
+    out["ok"] = all(v["beaten"] for v in out.values() if isinstance(v, dict))
+    return out
 
 
 def _family_intervals(groups: list[list[Any]], sets: Sequence[LayerSet], acc_cfg: dict) -> Any:
