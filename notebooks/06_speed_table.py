@@ -146,8 +146,7 @@ glue("default_rescue", f"{default['rescue']:.3f} ({default['rescue_lo']:.3f} to 
      display=False)
 glue("control_rescue", f"{control['rescue']:.3f} ({control['rescue_lo']:.3f} to {control['rescue_hi']:.3f})",
      display=False)
-glue("selection_verdict", table.selection_verdict or "This table has no selected set or no control to compare.",
-     display=False)
+glue("selection_verdict", table.selection_verdict or "This table has no selected set to rank.", display=False)
 glue("n_sets", len(sets), display=False)
 glue("n_seeds", len(settings.seeds), display=False)
 glue("n_drafters", len({r["drafter"] for r in table.rows}), display=False)
@@ -200,9 +199,11 @@ glue("n_runs", sum(int(r["prompts"] or 0) for r in table.timed), display=False)
 # trained head. Unless the heads clear both floors beyond their intervals, the verdict says the
 # table cannot rank layer sets.
 #
-# **Selection or region?** A set can beat the default by reading a better region of layers, which a
-# random set from that region does too; only beating the controls credits the selection criterion.
-# {glue:text}`selection_verdict`
+# **Selection or region?** A set can beat the default by reading a better region of layers, which
+# random sets from that region do too; so each selected set is ranked among random layer sets of the
+# same size (drawn once, with the notebook's seed), and only a rank high in that null credits the
+# selection criterion. (Pairing the best selected set with the best control would compare two maxima
+# picked on the same data.) {glue:text}`selection_verdict`
 #
 # ```{glue:figure} fig_speed
 # Offline acceptance length τ at draft length {glue:text}`draft_len` per layer set (left; mean over

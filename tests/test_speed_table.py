@@ -1,6 +1,7 @@
 """Layer sets of the speed table, from a small real analysis."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from wavesurf.errors import WavesurfError
@@ -38,6 +39,7 @@ def test_run_speed_table_trains_each_set_and_seed_once(smollm):
 
     settings = SpeedTableSettings.from_profile(get_profile("smoke").drafter)
     settings.seeds = (0, 1)
+    settings.primary = "last-1"  # the one comparison named before the run
     sets = [LayerSet("default", "default", [2, 15, 27], "rule"), LayerSet("last-1", "control", [30], "top")]
     table = run_speed_table(smollm, sets, settings, progress=False)
     assert [(r["layer_set"], r["seed"]) for r in table.rows] == [("default", 0), ("default", 1), ("last-1", 0), ("last-1", 1)]
@@ -93,7 +95,10 @@ def test_run_speed_table_trains_each_set_and_seed_once(smollm):
     assert (last["diff_lo"], last["diff_hi"]) == (last["diff_unadj_lo"], last["diff_unadj_hi"])
     assert last["diff_se"] > 0 and last["diff_df"] >= 1 and summary["bigram"]["tau_seed_std"] == 0.0
     assert "the default [2 15 27]" in table.verdict or "the default" in table.verdict
-    assert table.selection_verdict == ""  # no selected set in this table: nothing to pair with the control
+    assert table.info["null"]["random_sets"] == 0 and "too few to rank" in table.selection_verdict
+    prim = table.info["primary"]
+    assert prim["layer_set"] == "last-1" and (prim["diff_lo"], prim["diff_hi"]) == (last["diff_unadj_lo"], last["diff_unadj_hi"])
+    assert "Primary comparison (named before the run): last-1 [30]" in table.verdict
     assert {r["role"] for r in table.timed} == {"default", "best control"}
     assert all(r["lossless_prompts"] == r["prompts"] == 1 for r in table.timed)
     assert [c["fraction"] for c in table.curve if c["layer_set"] == "default"] == [0.5, 1.0]
@@ -156,24 +161,45 @@ def test_verdict_sentence_names_sets_intervals_and_counts():
     assert verdict_sentence(summary, info).startswith("No layer set beats")
 
 
-def test_selection_sentence_pairs_the_best_selected_set_with_the_best_control():
-    """The paired difference selected - control decides the verb; the interval is quoted."""
-    from wavesurf.speed_table import selection_sentence
+def test_null_percentiles_rank_a_set_among_random_sets():
+    """A set better than every random set sits at the top of the null with an interval that stays
+    high; one in the middle gets an interval around 50%; the sentence quotes both."""
+    from wavesurf.drafter.intervals import null_percentiles
+    from wavesurf.speed_table import null_sentence
 
-    sel = {"layer_set": "entropy", "layer_ids": "17 22 27", "tau": 1.271}
-    ctl = {"layer_set": "random-1", "layer_ids": "16 19 24", "tau": 1.270}
-    info = {"level": 0.95}
-    same = {"diff": 0.001, "diff_lo": -0.011, "diff_hi": 0.013, "diff_seed_min": -0.004, "diff_seed_max": 0.005}
-    text = selection_sentence(sel, ctl, same, info)
-    assert text == ("The best selected set, entropy [17 22 27] (τ = 1.271), does not differ beyond the interval from "
-                    "the best control, random-1 [16 19 24] (τ = 1.270): +0.001 τ (95% CI -0.011 to +0.013).")
-    ahead = {"diff": 0.02, "diff_lo": 0.01, "diff_hi": 0.03, "diff_seed_min": 0.015, "diff_seed_max": 0.025}
-    assert " beats the best control" in selection_sentence(sel, ctl, ahead, info)
-    # an interval that excludes 0 while one seed disagrees is not a win (classify's rule)
-    assert "does not differ" in selection_sentence(sel, ctl, {**ahead, "diff_seed_min": -0.001}, info)
-    behind = {"diff": -0.02, "diff_lo": -0.03, "diff_hi": -0.01, "diff_seed_min": -0.025, "diff_seed_max": -0.015}
-    assert "falls behind the best control" in selection_sentence(sel, ctl, behind, info)
+    rng = np.random.default_rng(0)
+    G, K, S = 10, 2, 40
+    cycles = rng.integers(20, 40, size=(G, K, S))
+    rate = np.linspace(1.20, 1.30, 8)  # the null: 8 random sets
+    taus = np.concatenate([[1.40, 1.25], rate])
+    committed = np.round(cycles * (taus[:, None, None] + rng.normal(0, 0.05, size=(G, K, S)))).astype(int)
+    top, mid = null_percentiles(committed, cycles, [0, 1], list(range(2, 10)), n_boot=1000)
+    assert top["percentile"] == 1.0 and top["percentile_lo"] >= 0.875 and top["null_sets"] == 8
+    assert 0.25 <= mid["percentile"] <= 0.75 and mid["percentile_lo"] < 0.5 < mid["percentile_hi"]
+    with pytest.raises(Exception, match="at least 2 random layer sets"):
+        null_percentiles(committed, cycles, [0], [2])
+    null = {"random_sets": 8, "rows": [{"layer_set": "entropy", "layer_ids": "17 22 27", **top},
+                                       {"layer_set": "cka", "layer_ids": "5 9 20", **mid}]}
+    text = null_sentence(null, {"level": 0.95})
+    assert text.startswith("Against 8 random layer sets") and "entropy [17 22 27] at 100% (95% CI" in text
+    assert "1 of 2 rank above the middle of the null beyond the interval" in text
+    assert "too few to rank" in null_sentence({"random_sets": 1, "rows": [], "note": "1 random layer set: too few to rank "
+                                                                               "the selected sets against (at least 2)"}, {})
 
+
+def test_primary_comparison_is_checked_before_training():
+    from wavesurf.speed_table import LayerSet, _primary_set
+
+    sets = [LayerSet("default", "default", [2, 15, 27], "rule"), LayerSet("combined", "selected", [1, 6, 29], "x",
+                                                                          aliases=["cka+filter"])]
+    assert _primary_set(sets, "cka+filter").name == "combined" and _primary_set(sets, "") is None
+    with pytest.raises(WavesurfError, match=r"primary='entropy' names no layer set this table trains; choose one of "
+                                            r"cka\+filter, combined, default"):
+        _primary_set(sets, "entropy")
+    sets[1].aliases.append("x")
+    sets[0].aliases.append("aggregate")
+    with pytest.raises(WavesurfError, match="chose the default set itself"):
+        _primary_set(sets, "aggregate")
 
 @pytest.mark.parametrize("n_seeds", [1, 2])
 def test_summary_rows_from_synthetic_runs_carry_both_intervals_and_their_basis(n_seeds):

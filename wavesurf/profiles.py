@@ -46,8 +46,9 @@ PROFILES: dict[str, dict[str, Any]] = {
             "acceptance": {"draft_len": 3, "max_draft_len": 4, "n_boot": 200, "lookup_ngram": 3},
             "bench": {"n_prompts": 1, "max_new_tokens": 8, "mode": "auto", "draft_len": 3, "n_calibration": 1,
                       "lookup_ngram": 3},
-            "datasets": ["mt-bench"], "seeds": [0], "methods": ["combined"], "n_random": 1,
-            "curve_fractions": [0.5],
+            # two random sets: the null the selected set is ranked in (the least that ranks)
+            "datasets": ["mt-bench"], "seeds": [0], "methods": ["combined"], "n_random": 2,
+            "curve_fractions": [0.5], "primary": "combined",
         },
     },
     "default": {
@@ -236,7 +237,8 @@ def drafter_work_seconds(drafter: dict[str, Any]) -> float:
 
     st = SpeedTableSettings.from_profile(drafter)
     n_sets = 1 + 2 * len(st.methods) + 3 + st.n_random
-    heads = n_sets * len(st.seeds) + 2 * sum(st.curve_fractions)
+    # + the embedding-only control: the default set's head trained reading no layer, every seed
+    heads = (n_sets + 1) * len(st.seeds) + 2 * sum(st.curve_fractions)
     tuned = st.bench.n_calibration if st.bench.auto else 0  # only mode 'auto' tunes on calibration prompts
     timed_tokens = TIMED_HEADS * len(st.datasets) * 2 * (st.bench.n_prompts + tuned) * st.bench.max_new_tokens
     rate = DRAFTER_TOKENS_PER_S

@@ -128,7 +128,9 @@ class SpeedTableSettings:
     ``bench``: the :class:`~wavesurf.bench.BenchSettings` of the timed runs of the default set, the
     best selected set and the best control on each of ``datasets`` (a profile gives its fields as a
     dict; the runs time ``hf_generate`` and ``eagle3`` only); ``curve_fractions``:
-    fractions of the training budget at which the default and the best set are trained again.
+    fractions of the training budget at which the default and the best set are trained again;
+    ``n_random``: random layer sets (drawn once with the table's seed), the null every selected
+    set is ranked in; ``primary``: the pre-registered comparison with the default.
     """
 
     distill: dict = field(default_factory=lambda: {"train_tokens": 60_000, "heldout_tokens": 20_000,
@@ -143,7 +145,11 @@ class SpeedTableSettings:
     seeds: tuple[int, ...] = (0, 1)
     curve_fractions: tuple[float, ...] = (0.25, 0.5)
     methods: tuple[str, ...] = SELECTION_METHODS  # selection methods whose sets enter the table
-    n_random: int = 2  # random control sets
+    n_random: int = 2  # random control sets: the null each selected set is ranked in
+    #: the one comparison with the default the book leads with, named before the run (a layer-set
+    #: name or alias such as "combined"; "" for none): reported with its own 95% interval, the rest
+    #: of the table is exploratory (simultaneous intervals)
+    primary: str = "combined"
 
     @classmethod
     def from_profile(cls, drafter: dict) -> SpeedTableSettings:
@@ -182,6 +188,10 @@ class SpeedTableSettings:
         for f in self.curve_fractions:
             if not 0 < f < 1:
                 raise WavesurfError(f"curve fraction {f!r} must be in (0, 1)")
+        if not is_int(self.n_random, 0):
+            raise WavesurfError(f"n_random={self.n_random!r} must be a non-negative integer")
+        if not isinstance(self.primary, str):
+            raise WavesurfError(f"primary={self.primary!r} must be a layer-set name such as 'combined', or ''")
 
 
 @dataclass
@@ -289,17 +299,11 @@ class SpeedTable:
 
     @property
     def selection_verdict(self) -> str:
-        """One sentence: the best selected set paired against the best control (fixed or random
-        sets). Beating the default can come from reading a better region of layers, which a
-        random set of that region does too; only beating the controls credits the selection
-        criterion. Empty when the table has no selected set or no control."""
-        selected_groups, control_groups = ("selected", "selected+filter"), ("control",)
-        groups = {r["group"] for r in self.summary}
-        if groups.isdisjoint(selected_groups) or groups.isdisjoint(control_groups):
-            return ""
-        selected, control = self.best(selected_groups), self.best(control_groups)
-        diff = self.compare(selected["layer_set"], control["layer_set"])
-        return selection_sentence(selected, control, diff, self.info)
+        """One sentence: each selected set's rank among the random layer sets (the null), with its
+        interval. Beating the default can come from reading a better region of layers, which random
+        sets of that region do too; ranking high in the null credits the selection criterion, and
+        unlike pairing the best selected set with the best control it compares no two maxima."""
+        return null_sentence(self.info.get("null") or {}, self.info)
 
     @property
     def timed_setting(self) -> str:
@@ -379,6 +383,12 @@ def verdict_sentence(summary: Sequence[dict[str, Any]], info: dict[str, Any]) ->
         top = max(others, key=lambda r: r["diff"]) if others else None
         head = f"No layer set beats {base} beyond its {kind} interval" + (
             f"; the largest difference is {fmt(top)}" if top else "")
+    prim = info.get("primary")
+    if prim:
+        what = {"better": "better than", "worse": "worse than"}.get(prim["verdict"], "not different beyond the interval from")
+        lead += (f"Primary comparison (named before the run): {prim['layer_set']} [{prim['layer_ids']}] is {what} "
+                 f"the default, {prim['diff']:+.3f} τ ({_percent(info)}% CI {prim['diff_lo']:+.3f} to "
+                 f"{prim['diff_hi']:+.3f}). Exploratory, over every set: ")
     return f"{lead}{head}; {worse} {'set is' if worse == 1 else 'sets are'} worse ({where})."
 
 
@@ -394,17 +404,6 @@ def _cannot_rank_clause(info: dict[str, Any], base: str) -> str:
               f"{v['margin_hi']:+.3f})" for k, v in rank.items() if isinstance(v, dict) and not v["beaten"]]
     return (f"At this training budget the heads of {base} do not beat " + " or ".join(missed) +
             ", so this table cannot rank layer sets for a reason that has to do with the layers. ")
-
-
-def selection_sentence(selected: dict[str, Any], control: dict[str, Any], diff: dict[str, float],
-                       info: dict[str, Any]) -> str:
-    """The best selected set against the best control, by their paired difference ``diff``
-    (selected - control, as from :meth:`SpeedTable.compare`) and :func:`classify`."""
-    level = _percent(info)
-    verb = {"better": "beats", "worse": "falls behind"}.get(classify(diff), "does not differ beyond the interval from")
-    name = lambda r: f"{r['layer_set']} [{r['layer_ids']}] (τ = {r['tau']:.3f})"  # noqa: E731
-    return (f"The best selected set, {name(selected)}, {verb} the best control, {name(control)}: "
-            f"{diff['diff']:+.3f} τ ({level}% CI {diff['diff_lo']:+.3f} to {diff['diff_hi']:+.3f}).")
 
 
 def lookup_sentence(summary: Sequence[dict[str, Any]], info: dict[str, Any]) -> str:
@@ -483,6 +482,7 @@ def run_speed_table(target: Any, sets: Sequence[LayerSet], settings: SpeedTableS
                **settings.acceptance}
     acc_cfg.setdefault("family_level", acc_cfg["level"])
     d, level = acc_cfg["draft_len"], acc_cfg["level"]
+    primary = _primary_set(sets, settings.primary)
     union = sorted({i for s in sets for i in s.layer_ids})
     train_store, held_store, corpus_name = distilled_stores(target, settings, union, progress)
 
@@ -560,6 +560,14 @@ def run_speed_table(target: Any, sets: Sequence[LayerSet], settings: SpeedTableS
         info["lookup_family"] = liv.family
     aliases = {a: s.name for s in sets for a in s.aliases}
     info["can_rank"] = _can_rank(summary)
+    if primary is not None:
+        row = summary[[x.name for x in sets].index(primary.name)]
+        unadj = {**{k: row[k] for k in ("diff", "diff_seed_min", "diff_seed_max")},
+                 "diff_lo": row["diff_unadj_lo"], "diff_hi": row["diff_unadj_hi"]}
+        info["primary"] = {"named": settings.primary, "layer_set": primary.name, "layer_ids": row["layer_ids"],
+                           "tau": row["tau"], "diff": row["diff"], "diff_lo": row["diff_unadj_lo"],
+                           "diff_hi": row["diff_unadj_hi"], "verdict": classify(unadj)}
+    info["null"] = _null_ranks(sets, runs, acc_cfg, settings.n_random)
     result = SpeedTable(rows, summary, [], [], info, {**runs, "bigram": floor_runs, "lookup": lookup_runs,
                                                       CONTROL: control_runs}, aliases, streams)
     by_name = {s.name: s for s in sets}
@@ -628,6 +636,59 @@ def _diagnostics(target: Any, sets: Sequence[LayerSet], heads: dict[str, list[An
             row.update(tau_without=round(r["tau"], 5), drop=round(-r["diff"], 5), drop_lo=round(-r["diff_hi"], 5),
                        drop_hi=round(-r["diff_lo"], 5))
     return streams, rescue
+
+
+def _primary_set(sets: Sequence[LayerSet], name: str) -> LayerSet | None:
+    """The layer set the pre-registered primary comparison names (by name or alias); refuses a name
+    the table does not train, before anything is trained."""
+    if not name:
+        return None
+    for s in sets:
+        if name == s.name or name in s.aliases:
+            if s.group == "default":
+                raise WavesurfError(f"primary={name!r} chose the default set itself {s.layer_ids}: there is "
+                                    "nothing to compare; name another set or ''")
+            return s
+    names = sorted({n for s in sets for n in [s.name, *s.aliases]})
+    raise WavesurfError(f"primary={name!r} names no layer set this table trains; choose one of {', '.join(names)} "
+                        "or '' for none")
+
+
+def _null_ranks(sets: Sequence[LayerSet], runs: dict[str, list[Any]], acc_cfg: dict,
+                n_random: int) -> dict[str, Any]:
+    """Each selected set's percentile among the random sets (the null), with two-level intervals."""
+    from .drafter.acceptance import acceptance_null_percentiles
+
+    null = [i for i, s in enumerate(sets) if s.name.startswith("random-")]
+    subjects = [i for i, s in enumerate(sets) if s.group.startswith("selected")]
+    out: dict[str, Any] = {"random_sets": len(null), "asked": n_random, "rows": []}
+    if len(null) < 2 or not subjects:
+        out["note"] = (f"{len(null)} random layer set{'s' if len(null) != 1 else ''}: too few to rank the selected "
+                       "sets against (at least 2)" if len(null) < 2 else "no selected set to rank")
+        return out
+    ranks = acceptance_null_percentiles([runs[s.name] for s in sets], acc_cfg["draft_len"], subjects, null,
+                                        level=acc_cfg["level"], n_boot=acc_cfg["n_boot"])
+    for i, r in zip(subjects, ranks):
+        out["rows"].append({"layer_set": sets[i].name, "layer_ids": " ".join(map(str, sets[i].layer_ids)),
+                            **{k: round(v, 4) if isinstance(v, float) else v for k, v in r.items()}})
+    return out
+
+
+def null_sentence(null: dict[str, Any], info: dict[str, Any]) -> str:
+    """The selected sets ranked in the null of random layer sets, in one sentence."""
+    if not null:
+        return ""
+    if null.get("note"):
+        return f"Selection against random sets: {null['note']}."
+    level = _percent(info)
+    rows = sorted(null["rows"], key=lambda r: -r["percentile"])
+    parts = [f"{r['layer_set']} [{r['layer_ids']}] at {100 * r['percentile']:.0f}% ({level}% CI "
+             f"{100 * r['percentile_lo']:.0f}–{100 * r['percentile_hi']:.0f}%)" for r in rows]
+    clear = [r for r in rows if r["percentile_lo"] > 0.5]
+    tail = (f"; {len(clear)} of {len(rows)} rank above the middle of the null beyond the interval" if clear else
+            "; none ranks above the middle of the null beyond its interval")
+    return (f"Against {null['random_sets']} random layer sets (the null; each selected set's share of random sets "
+            f"it beats, sequences and seeds resampled): " + "; ".join(parts) + tail + ".")
 
 
 def _can_rank(summary: Sequence[dict[str, Any]]) -> dict[str, Any]:

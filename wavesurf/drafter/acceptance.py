@@ -545,6 +545,19 @@ def acceptance_intervals(groups: Sequence[Sequence[Acceptance]], draft_len: int,
                          family_level=family_level, n_boot=n_boot, seed=seed, pool_seeds=pool_seeds)
 
 
+def acceptance_null_percentiles(groups: Sequence[Sequence[Acceptance]], draft_len: int, subjects: Sequence[int],
+                                null: Sequence[int], *, level: float = 0.95, n_boot: int = 2000,
+                                seed: int = 0) -> list[dict[str, float]]:
+    """Percentile of each drafter of ``subjects`` among the ``null`` drafters (random layer sets),
+    with two-level intervals (:func:`wavesurf.drafter.intervals.null_percentiles`)."""
+    from .intervals import null_percentiles
+
+    _check_runs(groups, draft_len)
+    committed = np.stack([np.stack([r.committed[:, draft_len - 1] for r in g]) for g in groups])
+    cycles = np.stack([np.stack([r.cycles[:, draft_len - 1] for r in g]) for g in groups])
+    return null_percentiles(committed, cycles, subjects, null, level=level, n_boot=n_boot, seed=seed)
+
+
 #: what :func:`bootstrap_tau` returns besides tau and its interval
 _DIFF_KEYS = ("diff", "diff_lo", "diff_hi", "diff_se", "diff_se_seed", "diff_se_seq", "diff_df", "diff_seq_lo",
               "diff_seq_hi", "diff_seed_min", "diff_seed_max")
@@ -580,5 +593,5 @@ def bootstrap_tau(runs: Sequence[Acceptance], draft_len: int, *, baseline: Seque
     return out
 
 
-__all__ = ["Acceptance", "AcceptanceError", "BigramTable", "acceptance_intervals", "bigram_acceptance", "bootstrap_tau", "build_bigram_table",
+__all__ = ["Acceptance", "AcceptanceError", "BigramTable", "acceptance_intervals", "acceptance_null_percentiles", "bigram_acceptance", "bootstrap_tau", "build_bigram_table",
            "continuations", "count_bigrams", "head_hits", "head_lookup_hits", "lookup_acceptance", "lookup_hits", "leading_hits", "offline_acceptance", "walk_chain"]

@@ -200,6 +200,59 @@ class TauIntervals:
         return basis(self.seeds, self.sequences)
 
 
+def _replicates(c: np.ndarray, n: np.ndarray, n_boot: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The two-level replicates of the module docstring for ``c``/``n`` [G, K, S]: sequence-only
+    replicates [B, G] (seeds fixed), full replicates [B, G] (sequences and seeds), and the
+    full-sample per-seed tau [G, K]."""
+    G, K, S = c.shape
+    rng = np.random.default_rng(seed)
+    w = rng.multinomial(S, np.full(S, 1.0 / S), size=n_boot).astype(np.float64)  # [B, S]
+    num = (w @ c.reshape(G * K, S).T).reshape(n_boot, G, K)
+    den = (w @ n.reshape(G * K, S).T).reshape(n_boot, G, K)
+    tau_bgk = num / np.maximum(den, 1.0)  # per-seed tau on each replicate
+    seq_rep = tau_bgk.mean(axis=2)  # [B, G]: sequences resampled, seeds fixed (and averaged)
+    if K >= 2:
+        pi = rng.multinomial(K, np.full(K, 1.0 / K), size=n_boot) / K  # [B, K], shared by all drafters
+        rep = seq_rep + math.sqrt(K / (K - 1)) * (np.einsum("bk,bgk->bg", pi, tau_bgk) - seq_rep)
+    else:
+        rep = seq_rep
+    csum, nsum = c.sum(axis=2), n.sum(axis=2)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        per_seed = np.where(nsum > 0, csum / np.where(nsum > 0, nsum, 1.0), np.nan)  # [G, K]
+    return seq_rep, rep, per_seed
+
+
+def null_percentiles(committed: Any, cycles: Any, subjects: Sequence[int], null: Sequence[int], *,
+                     level: float = 0.95, n_boot: int = 2000, seed: int = 0) -> list[dict[str, float]]:
+    """Where each drafter of ``subjects`` falls among the drafters of ``null`` (random layer sets):
+    the fraction of null drafters whose τ is below its τ (ties count half), on the full sample and
+    on each two-level replicate (sequences and seeds resampled together, as :func:`tau_intervals`),
+    whose percentiles give the interval. Ranking against a null of random sets replaces pairing two
+    maxima picked on the same data, whose winner's curse favours the larger pool."""
+    level = check_level(level)
+    c, n = np.asarray(committed, dtype=np.float64), np.asarray(cycles, dtype=np.float64)
+    null, subjects = [int(g) for g in null], [int(g) for g in subjects]
+    if len(null) < 2:
+        raise AcceptanceError(f"a null needs at least 2 random layer sets, got {len(null)}")
+    if c.shape[2] < 2:
+        raise AcceptanceError(f"intervals need at least 2 held-out sequences, got {c.shape[2]}")
+    _, rep, per_seed = _replicates(c, n, n_boot, seed)
+    point = per_seed.mean(axis=1)
+
+    def share(mine: np.ndarray, others: np.ndarray) -> np.ndarray:
+        return ((others < mine[..., None]).sum(-1) + 0.5 * (others == mine[..., None]).sum(-1)) / others.shape[-1]
+
+    a = (1 - level) / 2
+    out = []
+    for g in subjects:
+        boot = share(rep[:, g], rep[:, null])
+        lo, hi = np.quantile(boot, [a, 1 - a])
+        out.append({"percentile": float(share(point[[g]], point[None, null])[0]), "percentile_lo": float(lo),
+                    "percentile_hi": float(hi), "null_sets": len(null),
+                    "above_all": float(np.mean(boot == 1.0))})
+    return out
+
+
 def tau_intervals(committed: Any, cycles: Any, *, reference: int | None = None, family: Sequence[int] = (),
                   level: float = 0.95, family_level: float | None = None, n_boot: int = 2000, seed: int = 0,
                   pool_seeds: bool = True) -> TauIntervals:
@@ -238,20 +291,7 @@ def tau_intervals(committed: Any, cycles: Any, *, reference: int | None = None, 
     if any(not 0 <= g < G or g == reference for g in family) or len(set(family)) != len(family):
         raise AcceptanceError(f"family={family} must list distinct drafters 0..{G - 1} other than the reference")
 
-    rng = np.random.default_rng(seed)
-    w = rng.multinomial(S, np.full(S, 1.0 / S), size=n_boot).astype(np.float64)  # [B, S]
-    num = (w @ c.reshape(G * K, S).T).reshape(n_boot, G, K)
-    den = (w @ n.reshape(G * K, S).T).reshape(n_boot, G, K)
-    tau_bgk = num / np.maximum(den, 1.0)  # per-seed tau on each replicate
-    seq_rep = tau_bgk.mean(axis=2)  # [B, G]: sequences resampled, seeds fixed (and averaged)
-    if K >= 2:
-        pi = rng.multinomial(K, np.full(K, 1.0 / K), size=n_boot) / K  # [B, K], shared by all drafters
-        rep = seq_rep + math.sqrt(K / (K - 1)) * (np.einsum("bk,bgk->bg", pi, tau_bgk) - seq_rep)
-    else:
-        rep = seq_rep
-    csum, nsum = c.sum(axis=2), n.sum(axis=2)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        per_seed = np.where(nsum > 0, csum / np.where(nsum > 0, nsum, 1.0), np.nan)  # [G, K]
+    seq_rep, rep, per_seed = _replicates(c, n, n_boot, seed)
     point = per_seed.mean(axis=1)
 
     # between-seed variance: 0 for a drafter whose scores do not change with the seed (a floor)
