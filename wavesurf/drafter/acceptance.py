@@ -238,7 +238,7 @@ def head_hits(head: DraftHead, batch: dict[str, Any], embed: Any, max_draft_len:
     greedy continuation. Positions without a token to compare are False."""
     import torch
 
-    from .train import ttt_masks
+    from .train import ttt_unroll
 
     ids, attn = batch["input_ids"], batch["attention_mask"]
     b, t = ids.shape
@@ -246,24 +246,12 @@ def head_hits(head: DraftHead, batch: dict[str, Any], embed: Any, max_draft_len:
     arg = batch["target_argmax"]
     hits = torch.zeros(b, t, max_draft_len, dtype=torch.bool)
     with torch.inference_mode():
-        embeds = embed(ids)
-        masks = ttt_masks(attn, max_draft_len)
-        positions = torch.arange(t, device=ids.device)[None].expand(b, t)
-        hidden = head.fuse(batch["features"].to(head.fc.weight.dtype))
-        past_k = past_v = None
-        for j in range(max_draft_len):
+        features = batch["features"].to(head.fc.weight.dtype)
+        for j, out in ttt_unroll(head, features, embed(ids), attn, max_draft_len):
             n = t - 1 - j  # positions t whose step j compares against argmax at t+1+j
-            if n <= 0:
-                break
-            e = torch.zeros_like(embeds)
-            e[:, : t - 1 - j] = embeds[:, 1 + j :]
-            out = head.step(hidden, e.to(hidden.dtype), positions + j, masks[j], past_k, past_v)
             draft = d2t[out.logits[:, :n].argmax(-1)]
             ok = (draft == arg[:, 1 + j : 1 + j + n]) & attn[:, 1 + j : 1 + j + n]
             hits[:, :n, j] = ok.cpu()
-            hidden = out.hidden
-            past_k = out.k if past_k is None else torch.cat([past_k, out.k], dim=2)
-            past_v = out.v if past_v is None else torch.cat([past_v, out.v], dim=2)
     return hits
 
 

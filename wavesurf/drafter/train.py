@@ -31,7 +31,7 @@ import os
 import shutil
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -194,6 +194,34 @@ def ttt_masks(attention_mask: Any, steps: int) -> list[Any]:
     return [torch.cat([causal] + [eye] * j, dim=-1) for j in range(steps)]
 
 
+def ttt_unroll(head: DraftHead, features: Any, embeds: Any, attention_mask: Any, steps: int) -> Iterator[tuple[int, Any]]:
+    """The unrolled draft steps that training and offline scoring share (one home, so the
+    "exact offline tau" the speed table reports is the head training optimised): step j at
+    position t reads the fused target features of t (step 0) or its own previous output, and the
+    embedding of x_{t+1+j}; it attends to the real step-0 keys before it and to its own earlier
+    steps at t (:func:`ttt_masks`). Yields ``(j, DraftStep)`` while step j has a position to
+    draft for; the caller reads the logits it needs."""
+    import torch
+
+    b, t = attention_mask.shape
+    masks = ttt_masks(attention_mask, steps)
+    positions = torch.arange(t, device=attention_mask.device)[None].expand(b, t)
+    hidden = head.fuse(features)
+    past_k = past_v = None
+    for j in range(steps):
+        if t - 1 - j <= 0:
+            return
+        e = torch.zeros_like(embeds)
+        e[:, : t - 1 - j] = embeds[:, 1 + j:]
+        if e.dtype != hidden.dtype and not torch.is_autocast_enabled(e.device.type):
+            e = e.to(hidden.dtype)  # a head kept in another dtype than the target's embedding (scoring)
+        out = head.step(hidden, e, positions + j, masks[j], past_k, past_v)
+        yield j, out
+        hidden = out.hidden
+        past_k = out.k if past_k is None else torch.cat([past_k, out.k], dim=2)
+        past_v = out.v if past_v is None else torch.cat([past_v, out.v], dim=2)
+
+
 @dataclass
 class TTTOutput:
     loss: Any  # scalar: sum_j w**j * loss_j
@@ -230,20 +258,13 @@ def ttt_forward(
         in_vocab = head.t2d[batch["target_argmax"]]  # full-vocab argmax is a draft token
         predictable = attn & batch["loss_mask"]
 
-    masks = ttt_masks(attn, ttt_steps)
-    positions = torch.arange(t, device=ids.device)[None].expand(b, t)
-    hidden = head.fuse(batch["features"])
-    past_k = past_v = None
-    total = hidden.new_zeros(())
+    total = embeds.new_zeros(())
     sums = torch.zeros(3, ttt_steps, dtype=torch.float64)
     kept_logits = []
-    for j in range(ttt_steps):
+    for j, out in ttt_unroll(head, batch["features"], embeds, attn, ttt_steps):
         n = t - 2 - j  # positions t with a token x_{t+2+j} to predict
         if n <= 0:
             break
-        e = torch.zeros_like(embeds)
-        e[:, : t - 1 - j] = embeds[:, 1 + j :]
-        out = head.step(hidden, e, positions + j, masks[j], past_k, past_v)
         logits = out.logits[:, :n]
         count = predictable[:, 2 + j :] & in_vocab[:, 1 + j : 1 + j + n]
         ce = -(t_prob[:, 1 + j : 1 + j + n] * F.log_softmax(logits.float(), dim=-1)).sum(-1)
@@ -255,9 +276,6 @@ def ttt_forward(
             sums[:, j] = torch.stack([(ce.detach() * w).sum(), correct.sum(), n_count]).double().cpu()
         if keep_logits:
             kept_logits.append(logits.detach())
-        hidden = out.hidden
-        past_k = out.k if past_k is None else torch.cat([past_k, out.k], dim=2)
-        past_v = out.v if past_v is None else torch.cat([past_v, out.v], dim=2)
     return TTTOutput(total, sums[0], sums[1], sums[2], kept_logits if keep_logits else None)
 
 
