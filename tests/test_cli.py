@@ -81,7 +81,12 @@ def test_analyze_and_select_use_the_cache(small_stats, capsys):
     assert 0.0 <= out["chosen_in_resamples"] <= 1.0
     assert main(["select", "--method", "default", "--eagle-config", "specforge", *SMALL_ARGS]) == 0
     snippet = json.loads(capsys.readouterr().out)
-    assert snippet == {"eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 14, 26], "use_aux_hidden_state": True}}
+    assert snippet == {"eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 14, 26], "use_aux_hidden_state": True},
+                       "fc_norm": False}
+    assert main(["select", "--method", "default", "--eagle-config", "sglang", *SMALL_ARGS]) == 0
+    snippet = json.loads(capsys.readouterr().out)  # SmolLM2 is a LlamaForCausalLM: SGLang adds +1 to every id
+    assert snippet["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 14, 26]
+    assert snippet["num_aux_hidden_states"] == 3
 
 
 @pytest.mark.parametrize("argv, message", [
