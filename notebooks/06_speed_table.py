@@ -180,6 +180,8 @@ glue("default_speedup_ci", "; ".join(
 glue("bench_prompts", settings.bench.n_prompts, display=False)
 glue("bench_tokens", settings.bench.max_new_tokens, display=False)
 glue("timed_setting", table.timed_setting, display=False)
+glue("timed_drafts", f"drafts from n-gram lookup first (suffixes up to {settings.bench.lookup_ngram} tokens), the head "
+                     "after it" if settings.bench.lookup_ngram else "drafts from the head alone", display=False)
 glue("n_lossless", sum(int(r["lossless_prompts"] or 0) for r in table.timed), display=False)
 glue("n_runs", sum(int(r["prompts"] or 0) for r in table.timed), display=False)
 
@@ -236,7 +238,7 @@ glue("n_runs", sum(int(r["prompts"] or 0) for r in table.timed), display=False)
 # ({glue:text}`default_lookup_ci`). {glue:text}`lookup_verdict`
 #
 # In timed decoding ({glue:text}`bench_prompts` prompts per benchmark, up to {glue:text}`bench_tokens`
-# new tokens) the default set runs at {glue:text}`default_speedup:.2f`–{glue:text}`default_speedup_max:.2f`x
+# new tokens; {glue:text}`timed_drafts`) the default set runs at {glue:text}`default_speedup:.2f`–{glue:text}`default_speedup_max:.2f`x
 # the speed of HF greedy `generate` on this machine ({glue:text}`default_speedup_ci`; intervals
 # resample prompts, paired with HF greedy on the same prompt); speculative output was token-identical to HF
 # greedy decoding in {glue:text}`n_lossless` of {glue:text}`n_runs` prompt runs. {glue:text}`timed_setting`
