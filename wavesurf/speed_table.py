@@ -6,7 +6,7 @@ Layer sets (all vLLM ids, k layers unless a control says otherwise):
 * ``default`` — the EAGLE-3 rule;
 * each selection method (``entropy``, ``aggregate``, ``cka``, ``combined``), from statistics
   without and with token-entropy filtering (``+filter``);
-* controls: ``last-3`` (the top three ids), ``even-3`` (k ids evenly spaced over 1..N),
+* controls: ``last-k`` (the top k ids), ``even-k`` (k ids evenly spaced over 1..N),
   ``last-1`` (the single top layer, EAGLE-1 style), and ``random-i`` sets drawn with a seed.
 
 Identical sets are trained once and reported under every name that chose them.
@@ -90,8 +90,8 @@ def layer_sets(
             candidates.append(LayerSet(method + flt, group, list(sel.layer_ids),
                                        f"{sel.reason} (filter {filt})" if flt else sel.reason))
     candidates += [
-        LayerSet("last-3", "control", list(range(n - k + 1, n + 1)), f"the top {k} layer ids"),
-        LayerSet("even-3", "control", evenly_spaced(n, k), f"{k} ids evenly spaced over 1..N"),
+        LayerSet(f"last-{k}", "control", list(range(n - k + 1, n + 1)), f"the top {k} layer ids"),
+        LayerSet(f"even-{k}", "control", evenly_spaced(n, k), f"{k} ids evenly spaced over 1..N"),
         LayerSet("last-1", "control", [n], "the single top layer (EAGLE-1 style)"),
     ]
     for i, ids in enumerate(random_sets(n, k, n_random, seed, [c.layer_ids for c in candidates])):
