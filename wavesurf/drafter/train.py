@@ -1,5 +1,6 @@
 """Train an EAGLE-3 draft head on any set of target layers from a feature store, with
-training-time test (TTT) exactly as in the reference (``reference/eagle3.md`` section 2.1).
+training-time test (TTT) as in EAGLE-3's reference code (SafeAILab/EAGLE
+``eagle/traineagle3/cnets.py``, ``Model.forward``; the book's methods chapter).
 
 Alignment, for a sequence of tokens x_0..x_{T-1} and target states at every position:
 

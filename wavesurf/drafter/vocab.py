@@ -1,7 +1,7 @@
 """The reduced draft vocabulary of an EAGLE-3 head: the ``draft_vocab_size`` target token ids
 the drafter most often has to predict.
 
-As in EAGLE-3 (``reference/eagle3.md`` 1.4), token ids are counted over the encoded training
+As in EAGLE-3 (SafeAILab/EAGLE ``eagle/traineagle3``, the ``d2t``/``t2d`` maps; the book's methods chapter), token ids are counted over the encoded training
 split at the positions the drafter is trained on: assistant tokens. A corpus without assistant
 turns (plain text) counts every non-template (content) token instead; :attr:`DraftVocab.roles`
 says which rule was used. The most frequent ids are taken (ties broken by the smaller id), padded
