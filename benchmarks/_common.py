@@ -4,7 +4,12 @@ on ``sys.path``, so the scripts import it as ``_common``."""
 from __future__ import annotations
 
 import argparse
+import datetime
+import json
 import os
+import platform
+import subprocess
+from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -38,3 +43,32 @@ def capture_stream(args: argparse.Namespace) -> tuple[Any, list[int], Any, Any]:
     stream = capture(target, corpus, (args.batches + 1) * args.batch_tokens, batch_tokens=args.batch_tokens,
                      progress=False)
     return target, ids, corpus, stream
+
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def write_result(name: str, payload: dict[str, Any]) -> Path:
+    """Write one benchmark's measurements as ``benchmarks/results/<name>-<date>.json`` with what they
+    depend on: host CPU, torch threads, load average, commit (and whether the tree was dirty), date."""
+    import torch
+
+    from wavesurf.models import processor_name
+
+    root = Path(__file__).resolve().parent.parent
+
+    def git(*args: str) -> str:
+        try:
+            return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=True).stdout.strip()
+        except (OSError, subprocess.CalledProcessError):
+            return ""
+
+    now = datetime.datetime.now(datetime.timezone.utc)
+    meta = {"benchmark": name, "date": now.isoformat(timespec="seconds"), "host": processor_name(),
+            "machine": platform.machine(), "cpus": os.cpu_count(), "threads": torch.get_num_threads(),
+            "load_average": round(os.getloadavg()[0], 2), "commit": git("rev-parse", "--short", "HEAD"),
+            "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
+    RESULTS.mkdir(exist_ok=True)
+    out = RESULTS / f"{name}-{now.strftime('%Y%m%dT%H%M%S')}.json"
+    out.write_text(json.dumps({**meta, **payload}, indent=1))
+    return out

@@ -51,6 +51,22 @@ SETTINGS = {
     "induction_frozen": {"init_attention": "induction", "init_lm_head": "target", "frozen": ["fc", "attention"]},
     "induction_frozen_lr3e-4": {"init_attention": "induction", "init_lm_head": "target",
                                 "frozen": ["fc", "attention"], "lr": 3e-4},
+    # does the head use its layers? the same head reading no stream (the speed table's control)
+    "embedding_only": {"embedding_only": True},
+    # per-stream RMS before fc (EAGLE 3.1's fc_norm) with more optimizer steps or a higher rate
+    "input_norm_batch256": {"input_norm": "rms", "batch_tokens": 256},
+    "input_norm_lr3e-3": {"input_norm": "rms", "lr": 3e-3},
+    "input_norm_bf16": {"input_norm": "rms", "precision": "bfloat16"},
+    "input_norm_bf16_tokens1.5x": {"input_norm": "rms", "precision": "bfloat16", "train_tokens_scale": 1.5},
+    "batch256_bf16": {"batch_tokens": 256, "precision": "bfloat16"},
+    # more optimizer steps: does the gain come from the layers? (the control at the same steps)
+    "embedding_only_batch256": {"embedding_only": True, "batch_tokens": 256},
+    "batch128_bf16": {"batch_tokens": 128, "precision": "bfloat16"},
+    "batch256_bf16_tokens1.5x": {"batch_tokens": 256, "precision": "bfloat16", "train_tokens_scale": 1.5},
+    "batch256_lr5e-4": {"batch_tokens": 256, "lr": 5e-4},
+    "batch256_bf16_tokens3x": {"batch_tokens": 256, "precision": "bfloat16", "train_tokens_scale": 3.0},
+    "embedding_only_batch256_bf16_tokens3x": {"embedding_only": True, "batch_tokens": 256, "precision": "bfloat16",
+                                              "train_tokens_scale": 3.0},
 }
 
 
@@ -75,7 +91,10 @@ def main() -> None:
 
     import torch
 
+    from _common import write_result
+
     from wavesurf.drafter.acceptance import bigram_acceptance, bootstrap_tau, build_bigram_table, offline_acceptance
+    from wavesurf.drafter.diagnostics import floor_miss_accuracy, stream_contributions
     from wavesurf.drafter.features import FeatureSettings, build_feature_store
     from wavesurf.drafter.head import load_head
     from wavesurf.drafter.train import TrainSettings, train_drafter
@@ -95,6 +114,7 @@ def main() -> None:
             "warmup_steps": 10, "lr": 1e-3, "checkpoint_every": 10_000, "seed": args.seed, **json.loads(args.base)}
     print(f"threads {torch.get_num_threads()}, load average {os.getloadavg()[0]:.2f}; train store {store.tokens:,} "
           f"tokens, held-out store {held.tokens:,} tokens; layers {ids}; base {base}", flush=True)
+    table = build_bigram_table(target, dataset, split=split)
     rows, ref = [], None
     for name in args.only.split(","):
         t0 = time.perf_counter()
@@ -113,23 +133,34 @@ def main() -> None:
                "train_s": round(res.seconds, 1), "tok_per_s": round(res.tokens_per_second, 1),
                "heldout_coverage": info.get("vocab", {}).get("heldout_coverage"),
                "load": round(os.getloadavg()[0], 2), "wall_s": round(time.perf_counter() - t0, 1)}
+        rescue = floor_miss_accuracy(target, head, table, held).interval()
+        row.update(rescue=round(rescue["rescue_rate"], 4), rescue_lo=round(rescue["rescue_lo"], 4),
+                   rescue_hi=round(rescue["rescue_hi"], 4))
+        if not head.config.embedding_only:
+            row["stream_shares"] = [round(c["share"], 3) for c in stream_contributions(head, store)]
         if args.lookup_ngram:
             after = offline_acceptance(target, head, held, max_draft_len=MAX_DRAFT_LEN, lookup_ngram=args.lookup_ngram,
                                        name=f"{name}+lookup", progress=False)
             row[f"tau_lookup_{args.draft_len}"] = round(after.tau(args.draft_len), 4)
         rows.append(row)
         print(json.dumps(row), flush=True)
-    table = build_bigram_table(target, dataset, split=split)
     floor = bigram_acceptance(target, table, held, max_draft_len=MAX_DRAFT_LEN, progress=False)
     ci = bootstrap_tau([floor], args.draft_len, baseline=[ref])
-    print(json.dumps({"setting": "bigram floor", **{f"tau_{d}": round(floor.tau(d), 4) for d in floor.draft_lens},
-                      "step0_acc": round(floor.step_accuracy[0], 4), "diff": round(ci["diff"], 4),
-                      "diff_lo": round(ci["diff_lo"], 4), "diff_hi": round(ci["diff_hi"], 4)}))
+    floor_row = {"setting": "bigram floor", **{f"tau_{d}": round(floor.tau(d), 4) for d in floor.draft_lens},
+                 "step0_acc": round(floor.step_accuracy[0], 4), "diff": round(ci["diff"], 4),
+                 "diff_lo": round(ci["diff_lo"], 4), "diff_hi": round(ci["diff_hi"], 4)}
+    print(json.dumps(floor_row))
     print(f"held-out: {len(ref.sequence_ids)} sequences, {ref.positions:,} continuation tokens "
           f"({ref.cut_tokens} cut where the stored token was not the target's greedy choice)")
     if args.out:
         with open(args.out, "w") as fh:
             json.dump(rows, fh, indent=1)
+    where = write_result("drafter_sweep", {
+        "model": target.name, "layer_ids": ids, "base": base, "draft_len": args.draft_len, "dataset": dataset,
+        "heldout": heldout, "heldout_sequences": len(ref.sequence_ids), "heldout_positions": ref.positions,
+        "train_store_tokens": store.tokens, "rows": rows, "floor": floor_row,
+        "note": "tau is not affected by machine load; train_s and tok_per_s are only comparable on a quiet machine"})
+    print(f"written {where}")
 
 
 if __name__ == "__main__":
