@@ -65,15 +65,19 @@ PROFILES: dict[str, dict[str, Any]] = {
         "drafter": {
             # wavesurf.speed_table.SpeedTableSettings. The target's own greedy answers (distilled once,
             # ~33 tok/s batched on 2 cores) train every head; every set x seed gets the same budget
-            # (~1 pass over the 34k-token store, ~45 s per head at ~840 tok/s with 3 unrolled steps).
+            # (~1 pass over the 34k-token store, ~35 s per head at ~1,060 tok/s with 3 unrolled steps).
             # Options from benchmarks/drafter_sweep.py (README "Drafter training options"): at this
             # budget lr 1e-3 beat 3e-4, 3 unrolled steps matched 4 at 1.5x the speed, a 4,096-id
-            # vocabulary matched larger ones, init_lm_head=target and input_norm=rms were worse.
+            # vocabulary matched larger ones, init_lm_head=target was worse; 128-token batches in
+            # bfloat16 (281 optimizer steps instead of 35) gave +0.046 tau (+0.023 to +0.072) over
+            # 1,024-token float32 batches in the same training time (benchmarks/results/
+            # drafter_sweep-20261206T031748.json), and with 256-token batches the head beats the same head
+            # reading no layer (+0.034), which at 1,024 it did not.
             "distill": {"train_tokens": 24_000, "heldout_tokens": 4_000, "max_new_tokens": 256, "max_len": 512,
                         "chunk_examples": 16},
             "features": {"max_len": 512, "batch_tokens": 4096},
-            "train": {"train_tokens": 36_000, "ttt_steps": 3, "draft_vocab_size": 4096, "batch_tokens": 1024,
-                      "lr": 1e-3, "warmup_steps": 10, "checkpoint_every": 100},
+            "train": {"train_tokens": 36_000, "ttt_steps": 3, "draft_vocab_size": 4096, "batch_tokens": 128,
+                      "lr": 1e-3, "warmup_steps": 10, "checkpoint_every": 100, "precision": "bfloat16"},
             # every head is scored alone (the layer question) and with n-gram lookup drafting first (what
             # runs fastest here: a small target's greedy answers repeat; wavesurf.drafter.lookup)
             "acceptance": {"draft_len": 4, "max_draft_len": 6, "n_boot": 2000, "lookup_ngram": 3},
