@@ -70,7 +70,7 @@ PROFILES: dict[str, dict[str, Any]] = {
             # budget lr 1e-3 beat 3e-4, 3 unrolled steps matched 4 at 1.5x the speed, a 4,096-id
             # vocabulary matched larger ones, init_lm_head=target was worse; 128-token batches in
             # bfloat16 (281 optimizer steps instead of 35) gave +0.046 tau (+0.023 to +0.072) over
-            # 1,024-token float32 batches in the same training time (benchmarks/results/
+            # 1,024-token float32 batches in the same training time on the Intel Xeon host (benchmarks/results/
             # drafter_sweep-20261206T031748.json), and with 256-token batches the head beats the same head
             # reading no layer (+0.034), which at 1,024 it did not.
             "distill": {"train_tokens": 24_000, "heldout_tokens": 4_000, "max_new_tokens": 256, "max_len": 512,
