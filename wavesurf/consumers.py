@@ -231,14 +231,7 @@ def _writes(rule: IdRule, ids: list[int], n_layers: int) -> list[int] | None:
 def servable_formats(layer_ids: list[int], n_layers: int, architecture: str | None, *,
                      input_norm: str = "none") -> list[str]:
     """The formats whose newest consumer can read a head on ``layer_ids`` of this target."""
-    ok = []
-    for fmt in FORMATS:
-        try:
-            written_layer_ids(fmt, layer_ids, n_layers, architecture, input_norm=input_norm)
-        except ConsumerError:
-            continue
-        ok.append(fmt)
-    return ok
+    return [fmt for fmt in FORMATS if _can(fmt, [int(i) for i in layer_ids], n_layers, architecture, input_norm)]
 
 
 def written_layer_ids(fmt: str, layer_ids: list[int], n_layers: int, architecture: str | None, *,
@@ -301,10 +294,22 @@ def read_layer_ids(config: dict[str, Any], fmt: str, n_layers: int, architecture
     :func:`written_layer_ids`); without ids it falls back to its default ``[2, N//2, N-3]``."""
     c = consumer(fmt, version)
     rule = arch_rule(c, architecture)
-    written = config_ids(config, c)
+    written = config_ids(consumer_view(config, c), c)
     if written is None:
         return [2, n_layers // 2, n_layers - 3]  # each consumer's default when the config names none
     return reads(rule.rule, written, n_layers)
+
+
+def consumer_view(config: dict[str, Any], c: Consumer) -> dict[str, Any]:
+    """The config as ``c``'s model class sees it: vLLM reads a speculators config through
+    ``vllm/transformers_utils/configs/speculators/algos.py`` (transformer_layer_config + ids, fc_norm)."""
+    if config.get("speculators_model_type") and c.format == "vllm":
+        view = dict(config.get("transformer_layer_config") or {})
+        for key in ("eagle_aux_hidden_state_layer_ids", "fc_norm", "norm_before_fc", "target_hidden_size"):
+            if key in config:
+                view[key] = config[key]
+        return view
+    return config
 
 
 def config_ids(config: dict[str, Any], c: Consumer) -> list[int] | None:
@@ -379,5 +384,5 @@ def describe_formats() -> str:
 
 __all__ = ["AS_IS", "ArchRule", "arch_rule", "CONSUMERS", "Consumer", "ConsumerError", "FORMATS", "PLUS_ONE",
            "PLUS_ONE_IF_FIRST_IS_ONE", "AS_IS_IF_MAX_IS_N", "RULES", "architecture_of", "check_format", "config_ids",
-           "config_snippet", "consumer", "describe_formats", "fc_width", "read_layer_ids", "reads", "servable_formats",
+           "config_snippet", "consumer", "consumer_view", "describe_formats", "fc_width", "read_layer_ids", "reads", "servable_formats",
            "versions", "written_layer_ids"]

@@ -135,10 +135,7 @@ def stream_contributions(head: DraftHead, store: FeatureStore, *, max_tokens: in
     with torch.inference_mode():
         for batch in store.batches(ids, batch_tokens):
             mask = batch["attention_mask"].bool()
-            x = batch["features"][mask].float()  # [P, k*d]
-            if head.config.input_norm == "rms":
-                x = x.unflatten(-1, (k, d))
-                x = (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + head.config.rms_norm_eps)).flatten(-2)
+            x = head.fc_inputs(batch["features"][mask].float())  # [P, k*d], after the head's input norm
             for i in range(k):
                 part = x[:, i * d:(i + 1) * d]
                 sq_in[i] += float(part.pow(2).mean(-1).sum())

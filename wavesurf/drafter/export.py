@@ -33,8 +33,9 @@ from pathlib import Path
 from typing import Any
 
 from ..cache import atomic_directory
-from ..consumers import (CONSUMERS, FORMATS, PLUS_ONE, Consumer, ConsumerError, arch_rule, architecture_of, check_format, config_ids,
-                         config_snippet, consumer, fc_width, reads, written_layer_ids)
+from ..consumers import (CONSUMERS, FORMATS, PLUS_ONE, Consumer, ConsumerError, arch_rule, architecture_of, check_format,
+                         config_ids, config_snippet, consumer, consumer_view, fc_width, read_layer_ids, reads,
+                         written_layer_ids)
 from ..models import block_output_ids
 from .head import DraftConfig, DraftHead, DrafterError, load_head
 
@@ -252,18 +253,6 @@ def _read_config(directory: str | Path) -> tuple[Path, dict[str, Any]]:
     return cfg_path, config
 
 
-def _hf_view(config: dict[str, Any], cons: Consumer) -> dict[str, Any]:
-    """The config as the consumer's model class sees it: vLLM reads a speculators config through
-    ``vllm/transformers_utils/configs/speculators/algos.py`` (transformer_layer_config + ids, fc_norm)."""
-    if config.get("speculators_model_type") and cons.format == "vllm":
-        view = dict(config.get("transformer_layer_config") or {})
-        for key in ("eagle_aux_hidden_state_layer_ids", "fc_norm", "norm_before_fc", "target_hidden_size"):
-            if key in config:
-                view[key] = config[key]
-        return view
-    return config
-
-
 def _export_consumer(meta: dict[str, Any], cfg_path: Path) -> tuple[str, str | None, str | None]:
     """Format, consumer version and target architecture an export was written for (exports of
     earlier wavesurf versions carry no consumer: their format's newest rule, the embedded model's
@@ -284,11 +273,7 @@ def _export_consumer(meta: dict[str, Any], cfg_path: Path) -> tuple[str, str | N
 def _ids_read(config: dict[str, Any], fmt: str, version: str | None, n_layers: int, arch: str | None) -> list[int]:
     if fmt in ("sglang-legacy", "eagle3"):  # written by earlier wavesurf versions: always "output of block k"
         return reads(PLUS_ONE, config["eagle_config"]["eagle_aux_hidden_state_layer_ids"], n_layers)
-    cons = consumer(fmt, version)
-    written = config_ids(_hf_view(config, cons), cons)
-    if written is None:
-        return [2, n_layers // 2, n_layers - 3]
-    return reads(arch_rule(cons, arch).rule, written, n_layers)
+    return read_layer_ids(config, fmt, n_layers, arch, version=version)
 
 
 def load_export(directory: str | Path, target: Any | None = None) -> DraftHead:
@@ -368,11 +353,11 @@ def check_export(directory: str | Path, *, n_layers: int | None = None,
                            else "does not read speculators-format configs")
             rows.append(row)
             continue
-        view = _hf_view(config, cons)
+        view = consumer_view(config, cons)
         try:
             rule = arch_rule(cons, architecture)
             written = config_ids(view, cons)
-            ids = reads(rule.rule, written, n_layers) if written else [2, n_layers // 2, n_layers - 3]
+            ids = read_layer_ids(config, cons.format, n_layers, architecture, version=cons.version)
             width = fc_width(view, cons)
             bad = [i for i in ids if i not in rule.captured(n_layers)]
             if cons.format == "specforge" and (written is None or len(written) != 3 or min(written) < 0):

@@ -302,12 +302,16 @@ class DraftHead(nn.Module):
         """Concatenated target streams [B, T, k*H_t] (ascending layer ids) -> fused feature [B, T, H]."""
         if self.config.embedding_only:
             return features.new_zeros(*features.shape[:-1], self.config.hidden_size)
-        if self.config.input_norm == "rms":
-            k, d = len(self.config.layer_ids), self.config.target_hidden_size
-            x = features.unflatten(-1, (k, d))
-            x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.config.rms_norm_eps)
-            features = x.flatten(-2)
-        return self.fc(features)
+        return self.fc(self.fc_inputs(features))
+
+    def fc_inputs(self, features: torch.Tensor) -> torch.Tensor:
+        """The concatenated streams as ``fc`` sees them: divided each by its RMS when ``input_norm="rms"``."""
+        if self.config.input_norm != "rms":
+            return features
+        k, d = len(self.config.layer_ids), self.config.target_hidden_size
+        x = features.unflatten(-1, (k, d))
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.config.rms_norm_eps)
+        return x.flatten(-2)
 
     def step(
         self,
