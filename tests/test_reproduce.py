@@ -183,6 +183,33 @@ def test_generated_pages_without_results(tmp_path):
     write_generated(tmp_path)
     assert "No results yet" in (tmp_path / "generated" / "answer.md").read_text()
     assert "no run yet" in (tmp_path / "generated" / "timings.md").read_text()
+    assert "No drafter results yet" in (tmp_path / "generated" / "limitations.md").read_text()
+    # a book outside a checkout with benchmarks gets a one-line benchmarks page
+    assert "no `benchmarks/render.py`" in (tmp_path / "generated" / "benchmarks.md").read_text()
+
+
+def test_benchmarks_page_renders_every_result_newest_first(tmp_path):
+    """The book's benchmarks page comes from benchmarks/render.py over the checkout's JSON results:
+    one section per benchmark, newest run first, with host, threads, load, commit and quiet."""
+    import json
+    import shutil
+
+    from wavesurf.reproduce import render_benchmarks
+
+    root = Path(__file__).resolve().parents[1]
+    (tmp_path / "benchmarks" / "results").mkdir(parents=True)
+    shutil.copy(root / "benchmarks" / "render.py", tmp_path / "benchmarks")
+    meta = {"host": "cpu X", "machine": "x86_64", "cpus": 2, "threads": 2, "commit": "abc1234", "dirty": False}
+    for name, date, load in (("b_sweep", "2026-01-01T00:00:00+00:00", 1.0), ("b_sweep", "2026-02-01T00:00:00+00:00", 4.0),
+                             ("a_clone", "2026-01-05T00:00:00+00:00", 0.1)):
+        (tmp_path / "benchmarks" / "results" / f"{name}-{date[:10]}.json").write_text(json.dumps(
+            {"benchmark": name, "date": date, "load_average": load, **meta, "rows": [{"setting": "x", "tau": 1.25}],
+             "note": "n"}))
+    page = render_benchmarks(tmp_path / "book")
+    assert page.index("## `a_clone`") < page.index("## `b_sweep`")
+    assert page.index("### 2026-02-01") < page.index("### 2026-01-01")
+    assert "quiet: no (from load)" in page and "quiet: yes (from load)" in page and "commit `abc1234`" in page
+    assert "| setting | tau |" in page and "| x | 1.25 |" in page
 
 
 def test_only_reruns_some_pages_and_leaves_no_stale_figure(tmp_path):
@@ -291,12 +318,17 @@ def test_estimate_for_a_profile_without_reference_times_scales_the_default_by_bu
         {"smollm2-135m": {"01_a": 10.0, "04b_filtering_drafters": 30.0}}
 
 
-def test_book_table_of_drafter_budgets_matches_the_profiles():
-    """book/reproducibility.md states each profile's drafter budgets by hand; they must be the profiles'."""
+def test_book_table_of_drafter_budgets_matches_the_profiles(tmp_path):
+    """book/reproducibility.md includes each profile's drafter budgets, generated from the profiles
+    when the book is built (book/generated/profiles.md); the table must state the profiles' values."""
     from wavesurf.drafter.train import TrainSettings
+    from wavesurf.reproduce import profile_table
     from wavesurf.speed_table import SpeedTableSettings
 
-    text = (Path(__file__).resolve().parents[1] / "book" / "reproducibility.md").read_text()
+    assert "generated/profiles.md" in (Path(__file__).resolve().parents[1] / "book" / "reproducibility.md").read_text()
+    write_generated(tmp_path)
+    text = (tmp_path / "generated" / "profiles.md").read_text()
+    assert text == profile_table()
     rows = {}
     for line in text.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]

@@ -392,15 +392,18 @@ def build_book(book: Path, say: Callable[[str], None] = print) -> Path:
 ANSWER_TEMPLATE = Path("templates") / "answer.md.tpl"
 
 
-def read_answer_template(book: Path) -> dict[str, Any]:
+LIMITS_TEMPLATE = Path("templates") / "limitations.md.tpl"
+
+
+def read_answer_template(book: Path, template: Path = ANSWER_TEMPLATE) -> dict[str, Any]:
     """The introduction's prose, kept in the book (``book/templates/answer.md.tpl``; a book
     without one uses wavesurf's own): one ``(notebook stem, text)`` line per notebook and the key
-    figure's caption."""
-    path = book / ANSWER_TEMPLATE
+    figure's caption. ``template=LIMITS_TEMPLATE`` reads the discussion's limitations the same way."""
+    path = book / template
     if not path.is_file():
-        path = repo_root() / "book" / ANSWER_TEMPLATE
+        path = repo_root() / "book" / template
     if not path.is_file():
-        raise ReproduceError(f"{book / ANSWER_TEMPLATE} is missing: the introduction's prose lives there")
+        raise ReproduceError(f"{book / template} is missing: the introduction's prose lives there")
     lines, figure = [], ""
     for raw in path.read_text().splitlines():
         if not raw.strip() or raw.startswith("#"):
@@ -453,6 +456,17 @@ def write_generated(book: Path, primary: str | None = None) -> None:
     if not parts:
         parts = ["No results yet: run `wavesurf reproduce --model smollm2-135m --profile default`."]
     (gen / "answer.md").write_text("\n\n".join(parts) + "\n")
+    limits = read_answer_template(book, LIMITS_TEMPLATE)["lines"] if models else []
+    parts = []
+    for m in models:
+        have = {p.stem for p in (results / m).glob("*.ipynb")}
+        lines = [_fill(text, m, stem) for stem, text in limits if stem in have]
+        if lines:
+            info = json.loads((results / m / "run.json").read_text())
+            parts.append("\n".join([f"**{info['model']}** (profile `{info['profile']}`)", ""] + lines))
+    (gen / "limitations.md").write_text("\n\n".join(parts or ["No drafter results yet."]) + "\n")
+    (gen / "profiles.md").write_text(profile_table())
+    (gen / "benchmarks.md").write_text(render_benchmarks(book))
 
     rows = ["| model | profile | notebook | seconds, this run | seconds, first run of the profile | finished |",
             "|---|---|---|---:|---:|---|"]
@@ -471,3 +485,38 @@ def write_generated(book: Path, primary: str | None = None) -> None:
                         f"Python {hw.get('python')}, torch {hw.get('torch')}")
     text = "\n".join(rows) + "\n\nMachines:\n\n" + ("\n".join(hw_lines) or "- (no run yet)") + "\n"
     (gen / "timings.md").write_text(text)
+
+
+def profile_table() -> str:
+    """The profiles as the book states them (``book/generated/profiles.md``): what each is for and
+    its analysis budget, then the speed table's drafter budgets, all read from
+    :mod:`wavesurf.profiles`, so the book cannot disagree with the code."""
+    from .profiles import profile_names
+    from .speed_table import SpeedTableSettings
+
+    rows = ["| profile | purpose | analysis tokens |", "|---|---|---:|"]
+    budgets = ["| profile | target answers (train / held-out tokens) | training tokens per head | head arithmetic | "
+               "unrolled steps | draft vocabulary | seeds | timed prompts × new tokens |", "|---|---|---:|---|---:|---:|---:|---|"]
+    for name in profile_names():
+        prof = get_profile(name)
+        rows.append(f"| `{name}` | {prof.description} | {prof.analysis.max_tokens:,} |")
+        st = SpeedTableSettings.from_profile(prof.drafter)
+        train, bench = st.train, st.bench
+        mode = ", dynamic tree" if bench.mode == "tree" else ""
+        budgets.append(f"| `{name}` | {st.distill['train_tokens']:,} / {st.distill['heldout_tokens']:,} | "
+                       f"{train['train_tokens']:,} | {train.get('precision', 'float32')} | {train['ttt_steps']} | "
+                       f"{train['draft_vocab_size']:,} | {len(st.seeds)} | {bench.n_prompts} × {bench.max_new_tokens} "
+                       f"({', '.join(st.datasets)}{mode}) |")
+    return "\n".join(rows) + "\n\nDrafter budgets (the speed table):\n\n" + "\n".join(budgets) + "\n"
+
+
+def render_benchmarks(book: Path) -> str:
+    """The benchmarks page (``book/generated/benchmarks.md``): every JSON result under the checkout's
+    ``benchmarks/results/``, rendered by ``benchmarks/render.py`` run as a script file, so the
+    package never imports the benchmarks; a checkout without them gets a one-line page."""
+    import runpy
+
+    script = book.parent / "benchmarks" / "render.py"
+    if not script.is_file():
+        return "This checkout has no `benchmarks/render.py`, so no benchmark results are shown.\n"
+    return runpy.run_path(str(script))["render_page"](book.parent / "benchmarks" / "results")

@@ -1,0 +1,154 @@
+"""What a newcomer waits for: clone this repository at HEAD into a temporary folder and run the
+README's own commands there with an empty ``WAVESURF_CACHE``, timing each phase.
+
+    python benchmarks/fresh_clone.py --phases tests        # the README's test command
+    python benchmarks/fresh_clone.py --phases main         # the README's main-job command
+    python benchmarks/fresh_clone.py --dry-run             # print what would run, run nothing
+
+The commands are read from the clone's ``README.md`` (the fenced ``bash`` blocks that start with
+``./setup.sh &&``: the first runs the main job, the one with ``pytest`` the tests), so this measures
+what the README says. Each phase records its wall time, exit status and the 1-minute load average
+before and after; the result goes to ``benchmarks/results/fresh_clone-<date>.json`` through
+``_common.write_result``. The clone and its cache are deleted afterwards, also on failure or Ctrl-C
+(``--keep`` keeps them for inspection): a full disk once failed CI. The whole thing takes about an
+hour for ``--phases tests,main`` on two cores; time it on a quiet machine.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PHASES = ("tests", "main")
+#: refuse to start with less free disk than this under the temporary folder (a clone, its .venv,
+#: the dequantized models, the answers and the book)
+MIN_FREE_GIB = 8.0
+
+
+def readme_commands(readme: str) -> dict[str, str]:
+    """The README's two commands: ``main`` (``./setup.sh && ... reproduce ...``) and ``tests``
+    (``./setup.sh && ... pytest ...``), from its fenced ``bash`` blocks. Refuses a README without them."""
+    found: dict[str, str] = {}
+    for block in re.findall(r"```(?:bash|sh|console)\n(.*?)```", readme, flags=re.S):
+        for line in block.splitlines():
+            line = line.strip()
+            if not line.startswith("./setup.sh &&"):
+                continue
+            kind = "tests" if "pytest" in line else "main" if "reproduce" in line else None
+            if kind and kind not in found:
+                found[kind] = line
+    missing = [p for p in PHASES if p not in found]
+    if missing:
+        raise SystemExit(f"README.md has no command for {', '.join(missing)}: expected a fenced bash block "
+                         "with a line './setup.sh && ... pytest ...' (tests) and one with '... reproduce ...' (main)")
+    return found
+
+
+def parse_phases(text: str) -> list[str]:
+    """``"tests,main"`` -> ``["tests", "main"]``; an unknown or repeated phase is refused."""
+    phases = [p.strip() for p in text.split(",") if p.strip()]
+    bad = [p for p in phases if p not in PHASES]
+    if bad or not phases or len(set(phases)) != len(phases):
+        raise argparse.ArgumentTypeError(f"phases must be a comma-separated subset of {', '.join(PHASES)} "
+                                         f"without repeats; got {text!r}")
+    return phases
+
+
+def head_commit(root: Path = ROOT) -> str:
+    return subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
+                          check=True).stdout.strip()
+
+
+def free_gib(path: Path) -> float:
+    return shutil.disk_usage(path).free / 2**30
+
+
+def run_phase(name: str, command: str, cwd: Path, env: dict[str, str], log: Path, timeout: float | None) -> dict:
+    """Run one command through bash, its output to ``log``; wall time, exit status, load before/after."""
+    load_before = round(os.getloadavg()[0], 2)
+    t0 = time.perf_counter()
+    with open(log, "w") as out:
+        try:
+            rc = subprocess.run(["bash", "-c", command], cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                timeout=timeout).returncode
+        except subprocess.TimeoutExpired:
+            rc = 124
+    seconds = time.perf_counter() - t0
+    tail = log.read_text(errors="replace").strip().splitlines()[-3:]
+    return {"phase": name, "command": command, "seconds": round(seconds, 1), "exit": rc,
+            "load_before": load_before, "load_after": round(os.getloadavg()[0], 2), "tail": " / ".join(tail)}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--phases", type=parse_phases, default=list(PHASES),
+                    help="which README commands to run, in order (default: tests,main)")
+    ap.add_argument("--tmp", type=Path, default=None, help="folder for the clone (default: the system's temp folder)")
+    ap.add_argument("--timeout", type=float, default=None, help="seconds per phase (default: none)")
+    ap.add_argument("--keep", action="store_true", help="keep the clone and its cache afterwards")
+    ap.add_argument("--dry-run", action="store_true", help="print the clone, commands and cache, run nothing")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.timeout is not None and args.timeout <= 0:
+        raise SystemExit(f"--timeout must be positive; got {args.timeout}")
+    commit = head_commit()
+    commands = readme_commands((ROOT / "README.md").read_text())
+    base = Path(args.tmp or tempfile.gettempdir())
+    if args.dry_run:
+        print(f"would clone {ROOT} at {commit[:10]} into a new folder under {base}, with WAVESURF_CACHE "
+              f"empty inside it, and run:")
+        for phase in args.phases:
+            print(f"  {phase}: {commands[phase]}")
+        print("then write benchmarks/results/fresh_clone-<date>.json and "
+              + ("keep the clone" if args.keep else "delete the clone and its cache"))
+        return 0
+    if free_gib(base) < MIN_FREE_GIB:
+        raise SystemExit(f"{base} has {free_gib(base):.1f} GiB free; a fresh clone's run needs about {MIN_FREE_GIB:g}")
+    work = Path(tempfile.mkdtemp(prefix="wavesurf-fresh-", dir=base))
+    clone, cache = work / "clone", work / "cache"
+    env = {**os.environ, "WAVESURF_CACHE": str(cache)}
+    env.pop("VIRTUAL_ENV", None)
+    phases: list[dict] = []
+    load0 = round(os.getloadavg()[0], 2)
+    try:
+        t0 = time.perf_counter()
+        subprocess.run(["git", "clone", "--quiet", "--no-local", str(ROOT), str(clone)], check=True)
+        subprocess.run(["git", "checkout", "--quiet", commit], cwd=clone, check=True)
+        phases.append({"phase": "clone", "seconds": round(time.perf_counter() - t0, 1), "exit": 0})
+        for phase in args.phases:
+            cache.mkdir(exist_ok=True)
+            result = run_phase(phase, commands[phase], clone, env, work / f"{phase}.log", args.timeout)
+            phases.append(result)
+            print(f"{phase}: exit {result['exit']} in {result['seconds']:.0f} s "
+                  f"(load {result['load_before']} -> {result['load_after']})", flush=True)
+            if result["exit"] != 0:
+                break
+        disk = sum(f.stat().st_size for f in work.rglob("*") if f.is_file() and not f.is_symlink()) / 2**30
+    finally:
+        if args.keep:
+            print(f"kept {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from _common import write_result
+
+    where = write_result("fresh_clone", {
+        "cloned_commit": commit[:10], "load_before": load0, "phases": phases, "total_seconds": round(sum(p["seconds"] for p in phases), 1),
+        "disk_gib": round(disk, 2), "ok": all(p["exit"] == 0 for p in phases),
+        "note": "an empty WAVESURF_CACHE; pip's own download cache as found on the host"})
+    print(f"written {where}")
+    return 0 if all(p["exit"] == 0 for p in phases) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,54 @@
+"""The benchmark scripts that keep the documents honest: ``fresh_clone.py`` (the README's commands on
+a fresh clone; only its argument handling and dry run here, the real run takes an hour) and
+``render.py`` (benchmarks/README.md's results section is what the result files say)."""
+from __future__ import annotations
+
+import argparse
+import runpy
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+FRESH = runpy.run_path(str(ROOT / "benchmarks" / "fresh_clone.py"))
+
+
+def test_fresh_clone_reads_the_readme_commands_that_ci_runs():
+    commands = FRESH["readme_commands"]((ROOT / "README.md").read_text())
+    assert commands["main"].startswith("./setup.sh && .venv/bin/wavesurf reproduce ")
+    ci = (ROOT / ".ci" / "run").read_text().strip().splitlines()[-1]
+    assert commands["tests"] == ci  # the README's test command is exactly CI's
+    with pytest.raises(SystemExit, match="no command for tests"):
+        FRESH["readme_commands"]("```bash\n./setup.sh && .venv/bin/wavesurf reproduce --profile smoke\n```\n")
+
+
+def test_fresh_clone_phases_are_checked():
+    assert FRESH["parse_phases"]("tests") == ["tests"]
+    assert FRESH["parse_phases"](" main , tests ") == ["main", "tests"]
+    for bad in ("", "tests,tests", "build", "tests,main,book"):
+        with pytest.raises(argparse.ArgumentTypeError, match="subset of tests, main"):
+            FRESH["parse_phases"](bad)
+
+
+def test_fresh_clone_dry_run_runs_nothing_and_writes_nothing(tmp_path):
+    before = sorted((ROOT / "benchmarks" / "results").glob("fresh_clone-*.json"))
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "fresh_clone.py"), "--dry-run", "--phases", "tests",
+                           "--tmp", str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "-m pytest -q -n 2 --dist loadfile" in proc.stdout and "delete the clone" in proc.stdout
+    assert list(tmp_path.iterdir()) == []
+    assert sorted((ROOT / "benchmarks" / "results").glob("fresh_clone-*.json")) == before
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "fresh_clone.py"), "--phases", "book"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "subset of tests, main" in proc.stderr
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "fresh_clone.py"), "--timeout", "0"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0 and "--timeout must be positive" in proc.stderr
+
+
+def test_benchmarks_readme_results_section_is_up_to_date():
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "render.py"), "--check"], capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
