@@ -119,3 +119,122 @@ def test_import_and_help_do_not_load_torch_and_submodules_resolve():
             "else:\n    raise SystemExit('no AttributeError')")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# options generated from the settings dataclasses (wavesurf.settings_cli)
+
+#: every option each verb had before its options were generated from the settings dataclasses:
+#: a public interface, so each one must still parse
+OPTIONS_BEFORE = {
+    "analyze": "--model --dataset --split --split-seed --max-tokens --max-len --batch-tokens --roles --filter "
+               "--pilot-tokens --include-position0 --l2-normalize --estimator --memory-budget-gb --minibatch-size "
+               "--seed --resample-groups --no-cache --device --model-dtype --allow-download --quiet",
+    "select": "--k --method --allow-embedding --trade-off --min-spacing --eagle-config --model --dataset --split "
+              "--split-seed --max-tokens --max-len --batch-tokens --roles --filter --pilot-tokens --include-position0 "
+              "--l2-normalize --estimator --memory-budget-gb --minibatch-size --seed --resample-groups --no-cache "
+              "--device --model-dtype --allow-download --quiet",
+    "train": "--model --layers --dataset --split-seed --max-train-tokens --max-len --store-layers --store-dtype "
+             "--ttt-steps --draft-vocab --vocab-tokens --steps --train-tokens --batch-tokens --lr --warmup-steps "
+             "--schedule --seed --init-lm-head --init-attention --freeze --input-norm --embedding-only --precision "
+             "--checkpoint-every --log-every --out --no-resume --device --model-dtype --allow-download --quiet",
+    "bench": "--model --drafter --dataset --n-prompts --max-new-tokens --max-prompt-tokens --mode --draft-len "
+             "--n-calibration --lookup-ngram --no-guard --depth --top-k --total-tokens --temperature --seed --methods "
+             "--prompt-lookup-tokens --no-cache --device --model-dtype --allow-download --quiet",
+}
+
+
+def _options(parser):
+    return {o: a for a in parser._actions for o in a.option_strings}
+
+
+@pytest.mark.parametrize("verb", sorted(OPTIONS_BEFORE))
+def test_every_option_of_before_still_exists(verb):
+    from wavesurf.cli import verb_parser
+
+    assert set(OPTIONS_BEFORE[verb].split()) <= set(_options(verb_parser(verb)))
+
+
+def test_every_settings_field_has_its_option_with_the_dataclass_default():
+    from dataclasses import MISSING, fields
+
+    from wavesurf.cli import VERB_SETTINGS, verb_parser
+
+    for verb, groups in VERB_SETTINGS.items():
+        parser = verb_parser(verb)
+        options = _options(parser)
+        for group in groups:
+            cls = group.settings_class()
+            for f in fields(cls):
+                if f.name in group.exclude:
+                    assert group.exclude[f.name], (cls.__name__, f.name)  # says why
+                    continue
+                action = options.get(group.option(f))
+                assert action is not None, f"{verb}: {cls.__name__}.{f.name} has no option {group.option(f)}"
+                assert action.dest == group.dest(f)
+                expected = group.overrides.get(f.name, {}).get(
+                    "default", f.default if f.default is not MISSING else f.default_factory())
+                assert parser.get_default(action.dest) == expected, (verb, f.name)
+                assert "%(default)" not in (action.help or "")
+
+
+def test_parsed_defaults_build_the_dataclass_defaults():
+    from wavesurf.bench import BenchSettings
+    from wavesurf.cli import BENCH_OPTIONS, FEATURE_OPTIONS, TRAIN_OPTIONS, build_parser
+    from wavesurf.drafter.features import FeatureSettings
+    from wavesurf.drafter.train import TrainSettings
+
+    args = build_parser().parse_args(["train", "--layers", "2,15,27"])
+    assert TRAIN_OPTIONS.build(args) == TrainSettings()
+    assert FEATURE_OPTIONS.build(args, dataset="sharegpt", max_tokens=200_000) == FeatureSettings()
+    assert BENCH_OPTIONS.build(build_parser().parse_args(["bench", "--drafter", "untrained"])) == BenchSettings()
+
+
+def test_established_option_names_and_list_spellings_parse_to_the_same_settings():
+    from wavesurf.cli import BENCH_OPTIONS, TRAIN_OPTIONS, build_parser
+
+    parse = build_parser().parse_args
+    old = TRAIN_OPTIONS.build(parse(["train", "--layers", "2", "--steps", "5", "--draft-vocab", "512",
+                                     "--freeze", "fc", "attention", "--betas", "0.8", "0.9"]))
+    new = TRAIN_OPTIONS.build(parse(["train", "--layers", "2", "--max-steps", "5", "--draft-vocab-size", "512",
+                                     "--frozen", "fc,attention", "--betas", "0.8", "0.9"]))
+    assert old == new and (old.max_steps, old.draft_vocab_size, old.frozen, old.betas) == (
+        5, 512, ("fc", "attention"), (0.8, 0.9))
+    bench = BENCH_OPTIONS.build(parse(["bench", "--drafter", "untrained", "--methods", "hf_generate,eagle3",
+                                       "--no-guard", "--mode", "auto"]))
+    assert bench.methods == ("hf_generate", "eagle3") and bench.guard is False and bench.auto
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["train", "--layers", "2", "--draft-vocab", "0"], "must be a positive integer"),
+    (["train", "--layers", "2", "--freeze", "lm_head"], "invalid choice: 'lm_head'"),
+    (["train", "--layers", "2", "--schedule", "step"], "invalid choice: 'step'"),
+    (["bench", "--drafter", "untrained", "--mode", "beam"], "invalid choice: 'beam'"),
+    (["analyze", "--estimator", "guess"], "invalid choice: 'guess'"),
+])
+def test_generated_options_refuse_while_parsing(capsys, argv, message):
+    with pytest.raises(SystemExit) as ex:
+        main(argv)
+    assert ex.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_a_settings_field_without_help_or_command_line_form_is_refused():
+    from dataclasses import dataclass
+
+    from wavesurf.settings_cli import SettingsOptions, setting
+
+    @dataclass
+    class Plain:
+        n: int = 1
+
+    @dataclass
+    class Obj:
+        shape: object = setting(None, help="an object")
+
+    import argparse
+
+    with pytest.raises(TypeError, match=r"Plain.n has no help"):
+        SettingsOptions(Plain).add_to(argparse.ArgumentParser())
+    with pytest.raises(TypeError, match="no command-line form"):
+        SettingsOptions(Obj).add_to(argparse.ArgumentParser())
+    SettingsOptions(Obj, exclude={"shape": "Python only"}).add_to(argparse.ArgumentParser())

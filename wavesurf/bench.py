@@ -33,9 +33,11 @@ from typing import Any
 from ._version import __version__
 from .cache import atomic_directory, cache_root, params_key, read_manifest, write_manifest
 from .errors import BenchError, DatasetError, is_int
+from .settings_cli import setting
 
 BENCH_DATASETS = ("mt-bench", "humaneval", "sharegpt")
 METHODS = ("hf_generate", "plain", "hf_prompt_lookup", "eagle3")
+MODES = ("chain", "tree", "auto")
 ROW_FIELDS = ("prompt_id", "dataset", "method", "turns", "prompt_tokens", "new_tokens", "target_forwards",
               "tau", "mean_accepted", "tie_rechecks", "paused_tokens", "seconds", "tokens_per_second", "lossless")
 
@@ -77,24 +79,30 @@ class BenchSettings:
     priced by the measured costs (:mod:`wavesurf.drafter.guard`).
     """
 
-    n_prompts: int = 10
-    max_new_tokens: int = 128
-    mode: str = "chain"
-    draft_len: int = 4
-    depth: int = 5
-    top_k: int = 4
-    total_tokens: int = 16
+    # setting(...) adds the command-line help (wavesurf.settings_cli); the defaults are the fields' own
+    n_prompts: int = setting(10, positive=True, help="prompts")
+    max_new_tokens: int = setting(128, positive=True, help="new tokens per turn")
+    mode: str = setting("chain", choices=MODES, help="chain of draft_len tokens, a dynamic tree, or auto: chain "
+                        "length (up to draft_len, 0 = plain decoding) and confidence threshold chosen from costs "
+                        "measured here and n_calibration further prompts")
+    draft_len: int = setting(4, positive=True, help="chain: draft tokens per cycle; auto: the most")
+    depth: int = setting(5, positive=True, help="tree: most draft tokens on one path")
+    top_k: int = setting(4, positive=True, help="tree: children per expanded node and nodes expanded per level")
+    total_tokens: int = setting(16, positive=True, help="tree: draft tokens verified per cycle")
     tree: Any = None  # TreeSpec | None (drafter.tree imports torch, this module does not)
-    temperature: float = 0.0
-    seed: int = 0
-    methods: tuple[str, ...] = METHODS
-    prompt_lookup_tokens: int = 10
-    max_prompt_tokens: int = 512
-    split_seed: int = 0
-    warmup: int = 1
-    n_calibration: int = 2
-    lookup_ngram: int = 0
-    guard: bool = True
+    temperature: float = setting(0.0, help="0 = greedy; > 0 samples (lossless in law)")
+    seed: int = setting(0, help="sampling seed")
+    methods: tuple[str, ...] = setting(METHODS, help=f"subset of {','.join(METHODS)} (hf_generate always runs)")
+    prompt_lookup_tokens: int = setting(10, positive=True, help="HF prompt_lookup_num_tokens")
+    max_prompt_tokens: int = setting(512, positive=True, help="skip longer prompts")
+    split_seed: int = setting(0, help="seed of the ShareGPT train/stats/heldout split")
+    warmup: int = setting(1, help="warm-up runs per method, not timed")
+    n_calibration: int = setting(2, positive=True, help="auto: prompts tuned on, not benchmarked")
+    lookup_ngram: int = setting(0, help="chain/auto: draft each chain's first tokens by n-gram lookup over the "
+                                "context (suffixes of up to N tokens, latest match) and let the head continue after "
+                                "them; 0 = the head alone (3 is prompt lookup's usual setting)")
+    guard: bool = setting(True, help="auto: pause the head while the cycles it drafted lately cost more per token "
+                          "than plain decoding, and probe again later")
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "methods", tuple(self.methods))
@@ -126,8 +134,8 @@ class BenchSettings:
                 raise BenchError(f"{name}={getattr(self, name)!r} must be a positive integer")
         if not is_int(self.warmup, 0):
             raise BenchError(f"warmup={self.warmup!r} must be an integer >= 0 (warm-up runs per method)")
-        if self.mode not in ("chain", "tree", "auto"):
-            raise BenchError(f"mode={self.mode!r} is not one of 'chain', 'tree', 'auto'")
+        if self.mode not in MODES:
+            raise BenchError(f"mode={self.mode!r} is not one of {', '.join(map(repr, MODES))}")
         if not isinstance(self.guard, bool):
             raise BenchError(f"guard={self.guard!r} must be True or False (mode 'auto' only)")
         if self.auto and not is_int(self.n_calibration, 1):

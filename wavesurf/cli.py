@@ -12,6 +12,32 @@ from ._version import __version__
 from .assets import CORPUS_ASSETS, DEFAULT_MODEL, EMBEDDED_MODELS
 from .consumers import FORMATS, describe_formats
 from .errors import ParameterError
+from .settings_cli import SettingsOptions
+from .settings_cli import positive_int as _positive_int
+
+#: The settings dataclasses each verb makes from its options: every field has an option named after
+#: it (``--field-name``) with the dataclass's own default, type, choices and help, unless excluded
+#: here with the reason; ``aliases`` keep the option names these verbs had before the options were
+#: generated. The classes are imported when their verb is parsed (their modules import torch).
+ANALYSIS_OPTIONS = SettingsOptions(
+    "wavesurf.stats.analysis:AnalysisSettings",
+    overrides={"split": {"default": None, "choices": ["train", "stats", "heldout", "none"],
+                         "shown": "stats for sharegpt, other corpora whole; 'none' = the whole corpus"}})
+FEATURE_OPTIONS = SettingsOptions(
+    "wavesurf.drafter.features:FeatureSettings",
+    names={"max_tokens": "--max-train-tokens", "batch_tokens": "--store-batch-tokens", "dtype": "--store-dtype"},
+    exclude={"split": "follows --dataset: ShareGPT's train split, another corpus whole",
+             "layer_ids": "--store-layers: all ids, or the head's --layers (+ N)"},
+    overrides={"dataset": {"default": None, "shown": "sharegpt@<model>"},
+               "max_tokens": {"default": None, "shown": "the whole corpus, each example cut at --max-len"}})
+TRAIN_OPTIONS = SettingsOptions(
+    "wavesurf.drafter.train:TrainSettings",
+    aliases={"max_steps": ("--steps",), "draft_vocab_size": ("--draft-vocab",), "frozen": ("--freeze",)})
+BENCH_OPTIONS = SettingsOptions(
+    "wavesurf.bench:BenchSettings",
+    exclude={"tree": "a TreeSpec object (Python only): the command line decodes the shape --mode and its options give"})
+VERB_SETTINGS = {"analyze": (ANALYSIS_OPTIONS,), "select": (ANALYSIS_OPTIONS,),
+                 "train": (FEATURE_OPTIONS, TRAIN_OPTIONS), "bench": (BENCH_OPTIONS,)}
 
 
 def _layer_list(text: str) -> list[int] | str:
@@ -23,16 +49,6 @@ def _layer_list(text: str) -> list[int] | str:
         raise argparse.ArgumentTypeError(
             f"--layers {text!r}: give comma-separated vLLM layer ids like 2,15,27, or 'all' or 'default'"
         ) from None
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{value} must be a positive integer")
-    return value
 
 
 def _print_json(obj: Any) -> None:
@@ -113,15 +129,7 @@ def cmd_capture(args: argparse.Namespace) -> int:
 
 
 def _analysis_settings(args: argparse.Namespace):
-    from .stats.analysis import AnalysisSettings
-
-    return AnalysisSettings(
-        dataset=args.dataset, split=_default_split(args), split_seed=args.split_seed,
-        max_tokens=args.max_tokens, max_len=args.max_len, batch_tokens=args.batch_tokens, roles=args.roles,
-        filter=args.filter, pilot_tokens=args.pilot_tokens, include_position0=args.include_position0,
-        l2_normalize=args.l2_normalize, estimator=args.estimator, memory_budget_gb=args.memory_budget_gb,
-        minibatch_size=args.minibatch_size, seed=args.seed, resample_groups=args.resample_groups,
-    )
+    return ANALYSIS_OPTIONS.build(args, split=_default_split(args))
 
 
 def _default_split(args: argparse.Namespace) -> str | None:
@@ -243,16 +251,9 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def cmd_train(args: argparse.Namespace) -> int:
     from .data import base_corpus
-    from .drafter.features import FeatureSettings
-    from .drafter.train import TrainSettings, train_from_features
+    from .drafter.train import train_from_features
 
-    settings = TrainSettings(
-        ttt_steps=args.ttt_steps, lr=args.lr, warmup_steps=args.warmup_steps, schedule=args.schedule,
-        batch_tokens=args.batch_tokens, max_steps=args.steps, train_tokens=args.train_tokens, seed=args.seed,
-        draft_vocab_size=args.draft_vocab, vocab_tokens=args.vocab_tokens, checkpoint_every=args.checkpoint_every,
-        log_every=args.log_every, init_lm_head=args.init_lm_head, input_norm=args.input_norm,
-        precision=args.precision, embedding_only=args.embedding_only,
-        init_attention=args.init_attention, frozen=tuple(args.freeze))
+    settings = TRAIN_OPTIONS.build(args)
     settings.check()  # bad options fail before the model loads
     device = _process_device(args.device)
     target = _load_target(args, device=device)
@@ -266,10 +267,8 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     check_draft_vocab_size(settings.draft_vocab_size, target.vocab_size)  # before the (slow) feature store
     dataset = args.dataset or f"sharegpt@{target.name}"  # the target's own answers (`wavesurf distill`)
-    features = FeatureSettings(
-        dataset=dataset, split="train" if base_corpus(dataset) == "sharegpt" else None, split_seed=args.split_seed,
-        max_tokens=args.max_train_tokens, max_len=args.max_len, dtype=args.store_dtype,
-        layer_ids=None if args.store_layers == "all" else layers)
+    features = FEATURE_OPTIONS.build(args, dataset=dataset, split="train" if base_corpus(dataset) == "sharegpt" else None,
+                                     layer_ids=None if args.store_layers == "all" else layers)
     result, store, state = train_from_features(target, features, layers, settings, args.out,
                                                resume=not args.no_resume, progress=not args.quiet)
     if state.is_main_process:
@@ -313,14 +312,9 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from .bench import BenchSettings, run_bench, untrained_head
+    from .bench import run_bench, untrained_head
 
-    settings = BenchSettings(  # bad options fail here, before the model loads
-        n_prompts=args.n_prompts, max_new_tokens=args.max_new_tokens, mode=args.mode, draft_len=args.draft_len,
-        depth=args.depth, top_k=args.top_k, total_tokens=args.total_tokens, temperature=args.temperature,
-        seed=args.seed, methods=tuple(m for m in args.methods.split(",") if m),
-        prompt_lookup_tokens=args.prompt_lookup_tokens, max_prompt_tokens=args.max_prompt_tokens,
-        n_calibration=args.n_calibration, lookup_ngram=args.lookup_ngram, guard=not args.no_guard)
+    settings = BENCH_OPTIONS.build(args)  # bad options fail here, before the model loads
     target = _load_target(args)
     drafter_id = None
     if args.drafter == "untrained":
@@ -351,31 +345,8 @@ def _add_device_option(p: argparse.ArgumentParser) -> None:
 
 
 def _add_analysis_options(p: argparse.ArgumentParser) -> None:
-    from .stats.filtering import FILTER_HELP
-
     _add_model_option(p)
-    p.add_argument("--dataset", default="sharegpt", help=f"{', '.join(CORPUS_ASSETS)}, a .jsonl path, or <corpus>@<model> "
-                                                        "from `wavesurf distill` (default sharegpt)")
-    p.add_argument("--split", default=None, choices=["train", "stats", "heldout", "none"],
-                   help="ShareGPT split (default: stats for sharegpt; 'none' = the whole corpus)")
-    _add_split_seed_option(p)
-    p.add_argument("--max-tokens", type=_positive_int, default=100_000, help="tokens fed to the model (default 100000)")
-    p.add_argument("--max-len", type=_positive_int, default=512, help="truncate examples to this many tokens (default 512)")
-    p.add_argument("--batch-tokens", type=_positive_int, default=4096, help="padded tokens per forward pass (default 4096)")
-    p.add_argument("--roles", choices=["all", "assistant"], default="all", help="tokens that count (default all)")
-    p.add_argument("--filter", default="none", help=f"token-entropy filter: {FILTER_HELP.replace('%', '%%')} (default none); "
-                                                    "a random subset of the same size is computed beside it")
-    p.add_argument("--pilot-tokens", type=_positive_int, default=8192, help="positions that fix a quantile threshold (default 8192)")
-    p.add_argument("--include-position0", action="store_true", help="keep position 0 (BOS / attention sink; off by default)")
-    p.add_argument("--l2-normalize", action="store_true", help="unit-norm rows per layer first (cosine variant)")
-    p.add_argument("--estimator", choices=["auto", "exact", "minibatch"], default="auto",
-                   help="CKA estimator: exact full-data, unbiased minibatch, or auto by --memory-budget-gb (default auto)")
-    p.add_argument("--memory-budget-gb", type=float, default=8.0, help="memory for exact cross-layer moments (default 8)")
-    p.add_argument("--minibatch-size", type=_positive_int, default=512, help="tokens per CKA minibatch (default 512)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random control and minibatch shuffling (default 0)")
-    p.add_argument("--resample-groups", type=int, default=10,
-                   help="groups of conversations for 95%% jackknife intervals on every statistic, from the same "
-                        "pass; 0 turns them off (default 10)")
+    ANALYSIS_OPTIONS.add_to(p)
     p.add_argument("--no-cache", action="store_true", help="recompute and do not store the result")
     _add_runtime_options(p)
 
@@ -398,6 +369,61 @@ def _add_runtime_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress bars")
 
 
+def _add_train_options(p: argparse.ArgumentParser) -> None:
+    _add_model_option(p)
+    p.add_argument("--layers", type=_layer_list, required=True,
+                   help="vLLM layer ids the drafter reads, e.g. 2,15,27 (from `wavesurf select`), or 'default' = [2, N//2, N-3]")
+    FEATURE_OPTIONS.add_to(p)
+    p.add_argument("--store-layers", choices=["all", "train"], default="all",
+                   help="layers kept in the feature store: all ids 0..N (reusable, 2*d bytes per token and layer) "
+                        "or only --layers (+ N) (default all)")
+    TRAIN_OPTIONS.add_to(p)
+    p.add_argument("--out", default=None, help="output directory (default: a keyed directory in the wavesurf cache)")
+    p.add_argument("--no-resume", action="store_true", help="refuse to continue a run found in --out instead of resuming it")
+    _add_runtime_options(p)
+
+
+def _add_bench_options(p: argparse.ArgumentParser) -> None:
+    from .bench import BENCH_DATASETS
+
+    _add_model_option(p)
+    p.add_argument("--drafter", required=True,
+                   help="drafter directory (from `wavesurf train`), or 'untrained' for a smoke run (tau ~ 1)")
+    p.add_argument("--dataset", choices=BENCH_DATASETS, default=BENCH_DATASETS[0],
+                   help="mt-bench (two turns), humaneval, or sharegpt (its held-out split) (default %(default)s)")
+    BENCH_OPTIONS.add_to(p)
+    p.add_argument("--no-cache", action="store_true", help="rerun and do not store the result")
+    _add_runtime_options(p)
+
+
+class _Verbs(argparse._SubParsersAction):
+    """The verbs; a verb's remaining options (:func:`_later`) are added when that verb is parsed,
+    so ``wavesurf --help`` and the light verbs never import the settings modules (and torch)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):  # type: ignore[override]
+        if values and values[0] in self.choices:
+            complete_verb(self.choices[values[0]])
+        super().__call__(parser, namespace, values, option_string)
+
+
+def _later(p: argparse.ArgumentParser, add: Any) -> None:
+    p.set_defaults(_add_options=add)
+
+
+def complete_verb(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """``p`` with the options :func:`_later` deferred (idempotent)."""
+    add = p.get_default("_add_options")
+    if add is not None:
+        p.set_defaults(_add_options=None)
+        add(p)
+    return p
+
+
+def verb_parser(verb: str) -> argparse.ArgumentParser:
+    """The complete parser of one verb (every option added)."""
+    return complete_verb(build_parser()._subparsers._group_actions[0].choices[verb])
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="wavesurf",
@@ -406,7 +432,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "Layer ids use the vLLM convention: 0 = embeddings, N = last block before the final norm.",
     )
     parser.add_argument("--version", action="version", version=f"wavesurf {_version()}")
-    sub = parser.add_subparsers(dest="verb", metavar="<verb>", required=True)
+    sub = parser.add_subparsers(dest="verb", metavar="<verb>", required=True, action=_Verbs)
 
     p = sub.add_parser("models", help="list the embedded target models", description="List the embedded target models (N blocks, width d, vocabulary, source).")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -441,7 +467,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "(N+1)x(N+1) linear CKA matrix and depth compartments, on statistics positions "
                                    "(no padding, no position 0), optionally token-entropy filtered with a random "
                                    "control of the same size. Results are cached by every parameter; prints a summary.")
-    _add_analysis_options(p)
+    _later(p, _add_analysis_options)
     p.set_defaults(func=cmd_analyze)
 
     p = sub.add_parser("select", help="which k layers an EAGLE-3 drafter should read",
@@ -458,7 +484,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--eagle-config", choices=list(FORMATS), default=None,
                    help="print the drafter-config snippet for that consumer instead, its ids written by its own "
                         "rule (see `wavesurf export --help`)")
-    _add_analysis_options(p)
+    _later(p, _add_analysis_options)
     p.set_defaults(func=cmd_select)
 
     from .distill import (DEFAULT_BATCH_SIZE, DEFAULT_CHUNK_EXAMPLES, DEFAULT_MAX_LEN, DEFAULT_MAX_NEW_TOKENS,
@@ -557,55 +583,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "weight 0.8^j) over a --draft-vocab most-frequent-token vocabulary. Checkpoints "
                                    "let an interrupted run resume. Data parallel: `accelerate launch "
                                    "--num_processes P -m wavesurf.cli train ...`. Prints a JSON summary.")
-    _add_model_option(p)
-    p.add_argument("--layers", type=_layer_list, required=True,
-                   help="vLLM layer ids the drafter reads, e.g. 2,15,27 (from `wavesurf select`), or 'default' = [2, N//2, N-3]")
-    p.add_argument("--dataset", default=None,
-                   help="training corpus: sharegpt@<model> (the target's own answers to the ShareGPT train split, made "
-                        "by `wavesurf distill`; what EAGLE-3 trains on), sharegpt (GPT-3.5's answers), or a .jsonl "
-                        "path (default sharegpt@<model>)")
-    _add_split_seed_option(p)
-    p.add_argument("--max-train-tokens", type=_positive_int, default=None,
-                   help="training-split tokens captured into the feature store (default: the whole corpus, each "
-                        "example cut at --max-len)")
-    p.add_argument("--max-len", type=_positive_int, default=512, help="truncate examples to this many tokens (default 512)")
-    p.add_argument("--store-layers", choices=["all", "train"], default="all",
-                   help="layers kept in the feature store: all ids 0..N (reusable, 2*d bytes per token and layer) "
-                        "or only --layers (+ N) (default all)")
-    p.add_argument("--store-dtype", choices=["float16", "float32"], default="float16", help="feature dtype on disk (default float16)")
-    p.add_argument("--ttt-steps", type=_positive_int, default=7, help="unrolled training-time-test steps (default 7, as EAGLE-3)")
-    p.add_argument("--draft-vocab", type=_positive_int, default=32000, help="draft vocabulary size (default 32000, as EAGLE-3)")
-    p.add_argument("--vocab-tokens", type=_positive_int, default=None,
-                   help="training-split tokens counted for the draft vocabulary (default: the whole corpus, up to 2M)")
-    p.add_argument("--steps", type=_positive_int, default=None, help="optimizer steps (default: one pass over the store)")
-    p.add_argument("--train-tokens", type=_positive_int, default=None, help="stop after about this many training tokens")
-    p.add_argument("--batch-tokens", type=_positive_int, default=2048, help="padded tokens per batch and process (default 2048)")
-    p.add_argument("--lr", type=float, default=3e-4, help="peak learning rate of AdamW (default 3e-4)")
-    p.add_argument("--warmup-steps", type=int, default=20, help="linear warmup steps (default 20)")
-    p.add_argument("--schedule", choices=["cosine", "linear", "constant"], default="cosine", help="decay after warmup (default cosine)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the head's initialisation and data order (default 0)")
-    p.add_argument("--init-lm-head", choices=["random", "target"], default="random",
-                   help="start lm_head and its norm from the target's unembedding rows of the draft vocabulary "
-                        "(default random)")
-    p.add_argument("--init-attention", choices=["random", "induction"], default="random",
-                   help="induction: start fc and attention as a copy head (wavesurf.drafter.induction); "
-                        "pair it with --init-lm-head target (default random)")
-    p.add_argument("--freeze", nargs="*", choices=["fc", "attention"], default=[],
-                   help="parts of the head kept at their initial weights while the rest trains (default none)")
-    p.add_argument("--input-norm", choices=["none", "rms"], default="none",
-                   help="rms: divide each target stream by its RMS before the fusion layer (exported as fc_norm, "
-                        "EAGLE 3.1's per-stream RMSNorm, which vLLM, SGLang, SpecForge and speculators read) (default none)")
-    p.add_argument("--embedding-only", action="store_true",
-                   help="train the control that reads no target stream (fc sees zeros): what the same head drafts "
-                        "from the token embedding alone; a diagnostic, not exported")
-    p.add_argument("--precision", choices=["float32", "bfloat16"], default="float32",
-                   help="arithmetic of the head's forward/backward: bfloat16 runs them under torch.autocast, faster "
-                        "on CPUs with AVX512-BF16/AMX and on GPUs; weights and optimizer stay float32 (default float32)")
-    p.add_argument("--checkpoint-every", type=_positive_int, default=100, help="steps between checkpoints (default 100)")
-    p.add_argument("--log-every", type=_positive_int, default=10, help="steps per logged loss/accuracy window (default 10)")
-    p.add_argument("--out", default=None, help="output directory (default: a keyed directory in the wavesurf cache)")
-    p.add_argument("--no-resume", action="store_true", help="refuse to continue a run found in --out instead of resuming it")
-    _add_runtime_options(p)
+    _later(p, _add_train_options)
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("bench", help="acceptance length and speedup of a drafter against baselines",
@@ -615,37 +593,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "token counted); speedup = mean tokens/s / mean tokens/s of HF greedy; at T=0 each "
                                    "output is checked against HF greedy (lossless). Writes rows.csv + summary.json to "
                                    "the results cache and prints the summary.")
-    _add_model_option(p)
-    p.add_argument("--drafter", required=True,
-                   help="drafter directory (from `wavesurf train`), or 'untrained' for a smoke run (tau ~ 1)")
-    p.add_argument("--dataset", choices=["mt-bench", "humaneval", "sharegpt"], default="mt-bench",
-                   help="mt-bench (two turns), humaneval, or sharegpt (its held-out split) (default mt-bench)")
-    p.add_argument("--n-prompts", type=_positive_int, default=10, help="prompts (default 10)")
-    p.add_argument("--max-new-tokens", type=_positive_int, default=128, help="new tokens per turn (default 128)")
-    p.add_argument("--max-prompt-tokens", type=_positive_int, default=512, help="skip longer prompts (default 512)")
-    p.add_argument("--mode", choices=["chain", "tree", "auto"], default="chain",
-                   help="chain of --draft-len tokens, a dynamic tree, or auto: chain length (up to --draft-len, 0 = plain "
-                        "decoding) and confidence threshold chosen from costs measured here and --n-calibration "
-                        "further prompts (default chain)")
-    p.add_argument("--draft-len", type=_positive_int, default=4, help="chain: draft tokens per cycle; auto: the most (default 4)")
-    p.add_argument("--n-calibration", type=_positive_int, default=2, help="auto: prompts tuned on, not benchmarked (default 2)")
-    p.add_argument("--lookup-ngram", type=int, default=0,
-                   help="chain/auto: draft each chain's first tokens by n-gram lookup over the context (suffixes of "
-                        "up to N tokens, latest match) and let the head continue after them; 0 = the head alone "
-                        "(default 0; 3 is prompt lookup's usual setting)")
-    p.add_argument("--no-guard", action="store_true",
-                   help="auto: keep drafting at the tuned setting even where the cycles drafted lately cost more per "
-                        "token than plain decoding (by default the head pauses there and probes again later)")
-    p.add_argument("--depth", type=_positive_int, default=5, help="tree: most draft tokens on one path (default 5)")
-    p.add_argument("--top-k", type=_positive_int, default=4, help="tree: children per expanded node and nodes expanded per level (default 4)")
-    p.add_argument("--total-tokens", type=_positive_int, default=16, help="tree: draft tokens verified per cycle (default 16)")
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples (lossless in law)")
-    p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
-    p.add_argument("--methods", default=",".join(("hf_generate", "plain", "hf_prompt_lookup", "eagle3")),
-                   help="comma-separated subset of hf_generate,plain,hf_prompt_lookup,eagle3 (hf_generate always runs)")
-    p.add_argument("--prompt-lookup-tokens", type=_positive_int, default=10, help="HF prompt_lookup_num_tokens (default 10)")
-    p.add_argument("--no-cache", action="store_true", help="rerun and do not store the result")
-    _add_runtime_options(p)
+    _later(p, _add_bench_options)
     p.set_defaults(func=cmd_bench)
     return parser
 

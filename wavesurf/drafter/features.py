@@ -38,6 +38,7 @@ from ..errors import is_int
 from .._version import __version__
 from ..cache import (describe_differences, entry_dir, params_key, read_manifest, resume_build, verify_directory,
                      write_manifest)
+from ..settings_cli import setting
 from ..data import ROLE_ASSISTANT, ROLE_TEMPLATE, make_batches
 from .head import DrafterError
 
@@ -51,14 +52,17 @@ class FeatureSettings:
     always added. ``max_tokens`` is the exact number of real training-split tokens captured (None:
     every example of the corpus, each cut at ``max_len``)."""
 
-    dataset: str = "sharegpt"
-    split: str | None = "train"
-    split_seed: int = 0
-    max_tokens: int = 200_000
-    max_len: int = 512
-    batch_tokens: int = 4096
+    # setting(...) adds the command-line help (wavesurf.settings_cli); the defaults are the fields' own
+    dataset: str = setting("sharegpt", help="training corpus: sharegpt@<model> (the target's own answers to the "
+                           "ShareGPT train split, made by `wavesurf distill`; what EAGLE-3 trains on), sharegpt "
+                           "(GPT-3.5's answers), or a .jsonl path")
+    split: str | None = setting("train", help="ShareGPT split")
+    split_seed: int = setting(0, help="seed of the ShareGPT train/stats/heldout split")
+    max_tokens: int = setting(200_000, positive=True, help="training-split tokens captured into the feature store")
+    max_len: int = setting(512, positive=True, help="truncate examples to this many tokens")
+    batch_tokens: int = setting(4096, positive=True, help="padded tokens per forward pass of the target")
     layer_ids: list[int] | None = None
-    dtype: str = "float16"
+    dtype: str = setting("float16", choices=STORE_DTYPES, help="feature dtype on disk")
 
     def check(self) -> None:
         if self.dtype not in STORE_DTYPES:

@@ -42,6 +42,7 @@ import numpy as np
 from ..errors import is_int
 from ..cache import cache_root, describe_differences, params_key, safe_name
 from ..models import block_output_ids
+from ..settings_cli import setting
 from .features import FeatureStore, TargetHead
 from .head import INPUT_NORMS, DraftConfig, DraftHead, DrafterError, check_draft_layer_ids, init_head, save_head
 from .vocab import build_draft_vocab, check_draft_vocab_size
@@ -84,28 +85,38 @@ class TrainSettings:
     log-softmax per unrolled step is kept for the backward pass).
     """
 
-    ttt_steps: int = 7
-    step_weight: float = 0.8
-    lr: float = 3e-4
-    warmup_steps: int = 20
-    schedule: str = "cosine"
-    betas: tuple[float, float] = (0.9, 0.95)
-    weight_decay: float = 0.0
-    grad_clip: float = 0.5
-    batch_tokens: int = 2048
-    max_steps: int | None = None
-    train_tokens: int | None = None
-    seed: int = 0
-    draft_vocab_size: int = 32000
-    vocab_tokens: int | None = None
-    init_lm_head: str = "random"
-    init_attention: str = "random"
-    frozen: tuple[str, ...] = ()
-    input_norm: str = "none"
-    precision: str = "float32"
-    embedding_only: bool = False
-    checkpoint_every: int = 100
-    log_every: int = 10
+    # setting(...) adds the command-line help (wavesurf.settings_cli); the defaults are the fields' own
+    ttt_steps: int = setting(7, positive=True, help="unrolled training-time-test steps (EAGLE-3: 7)")
+    step_weight: float = setting(0.8, help="loss weight of unrolled step j is step_weight**j")
+    lr: float = setting(3e-4, help="peak learning rate of AdamW")
+    warmup_steps: int = setting(20, help="linear warmup steps")
+    schedule: str = setting("cosine", choices=SCHEDULES, help="decay after warmup")
+    betas: tuple[float, float] = setting((0.9, 0.95), help="AdamW betas")
+    weight_decay: float = setting(0.0, help="AdamW weight decay")
+    grad_clip: float = setting(0.5, help="gradient norm clipped to this")
+    batch_tokens: int = setting(2048, positive=True, help="padded tokens per batch and process")
+    max_steps: int | None = setting(None, positive=True, help="optimizer steps (default: one pass over the store)")
+    train_tokens: int | None = setting(None, positive=True, help="stop after about this many training tokens")
+    seed: int = setting(0, help="seed of the head's initialisation and data order")
+    draft_vocab_size: int = setting(32000, positive=True, help="draft vocabulary size (EAGLE-3: 32000)")
+    vocab_tokens: int | None = setting(None, positive=True, help="training-split tokens counted for the draft "
+                                       "vocabulary (default: the whole corpus, up to 2M)")
+    init_lm_head: str = setting("random", choices=LM_HEAD_INITS, help="target: start lm_head and its norm from the "
+                                "target's unembedding rows of the draft vocabulary")
+    init_attention: str = setting("random", choices=ATTENTION_INITS, help="induction: start fc and attention as a "
+                                  "copy head (wavesurf.drafter.induction); pair it with init_lm_head target")
+    frozen: tuple[str, ...] = setting((), choices=tuple(FREEZABLE), help="parts of the head kept at their initial "
+                                      "weights while the rest trains")
+    input_norm: str = setting("none", choices=INPUT_NORMS, help="rms: divide each target stream by its RMS before "
+                              "the fusion layer (exported as fc_norm, EAGLE 3.1's per-stream RMSNorm, which vLLM, "
+                              "SGLang, SpecForge and speculators read)")
+    precision: str = setting("float32", choices=PRECISIONS, help="arithmetic of the head's forward/backward: "
+                             "bfloat16 runs them under torch.autocast, faster on CPUs with AVX512-BF16/AMX and on "
+                             "GPUs; weights and optimizer stay float32")
+    embedding_only: bool = setting(False, help="train the control that reads no target stream (fc sees zeros): what "
+                                   "the same head drafts from the token embedding alone; a diagnostic, not exported")
+    checkpoint_every: int = setting(100, positive=True, help="steps between checkpoints")
+    log_every: int = setting(10, positive=True, help="steps per logged loss/accuracy window")
 
     def check(self) -> None:
         def positive_int(name: str, allow_none: bool = False, allow_zero: bool = False) -> None:

@@ -24,15 +24,16 @@ from typing import Any
 import numpy as np
 
 from .._version import __version__
-from ..capture import check_roles
+from ..capture import ROLE_FILTERS, check_roles
 from ..cache import atomic_directory, entry_dir, params_key, verify_directory, write_manifest, write_rows_csv
 from ..errors import StatsError, WavesurfError
+from ..settings_cli import setting
 from .cka import DEFAULT_MEMORY_BUDGET, MinibatchCKA, TokenShuffler, choose_cka_estimator, cka_to_last, linear_cka_from_moments, neighbour_cka
 from .compartments import compartment_stability, compartments
 from .entropy import aggregate_entropy as _aggregate_entropy
 from .entropy import aggregate_entropy2_closed_form, effective_rank, max_entropy, purity, redundancy as _redundancy
 from .entropy import redundancy2_closed_form, renyi_entropy
-from .filtering import FilterError, FilterState, TokenFilter
+from .filtering import FILTER_HELP, FilterError, FilterState, TokenFilter
 from .moments import LayerMoments, gather_layer_rows, l2_normalize_rows_, masked_group_ids
 from .resampling import (DEFAULT_GROUPS, DEFAULT_LEVEL, REPLICATED, GroupAssigner, GroupedLayerMoments, Jackknife,
                          ReplicateView, aggregate_entropy2_replicates, boundary_frequency, check_groups, jackknife,
@@ -46,23 +47,28 @@ RESULT_FORMAT = 2  # 2: resampling replicates
 class AnalysisSettings:
     """Every parameter that changes the statistics (all of them enter the cache key)."""
 
-    dataset: str = "sharegpt"
-    split: str | None = "stats"
-    split_seed: int = 0
-    max_tokens: int = 100_000
-    max_len: int = 512
-    batch_tokens: int = 4096
-    roles: str = "all"  # "all" tokens or "assistant" tokens only
-    filter: str = "none"  # token-entropy filter, see TokenFilter.parse
-    pilot_tokens: int = 8192  # positions that fix a quantile threshold
-    include_position0: bool = False  # keep position 0 (BOS / attention sink) in the statistics
-    l2_normalize: bool = False  # unit-norm rows per layer before accumulation (cosine variant)
-    estimator: str = "auto"  # CKA: "exact" full-data, "minibatch" unbiased, "auto" by memory budget
-    memory_budget_gb: float = DEFAULT_MEMORY_BUDGET / 2**30
-    minibatch_size: int = 512
-    seed: int = 0  # random control subset and minibatch shuffling
-    min_tokens: int | None = None  # kept positions the statistics need; default d + 1
-    resample_groups: int = DEFAULT_GROUPS  # jackknife groups of sequences for intervals; 0 = none
+    # setting(...) adds the command-line help (wavesurf.settings_cli); the defaults are the fields' own
+    dataset: str = setting("sharegpt", help="corpus: a packaged one (`wavesurf datasets`), a .jsonl path, "
+                           "or <corpus>@<model> from `wavesurf distill`")
+    split: str | None = setting("stats", help="ShareGPT split")
+    split_seed: int = setting(0, help="seed of the ShareGPT train/stats/heldout split")
+    max_tokens: int = setting(100_000, positive=True, help="tokens fed to the model")
+    max_len: int = setting(512, positive=True, help="truncate examples to this many tokens")
+    batch_tokens: int = setting(4096, positive=True, help="padded tokens per forward pass")
+    roles: str = setting("all", choices=ROLE_FILTERS, help="tokens that count: all, or assistant tokens only")
+    filter: str = setting("none", help=f"token-entropy filter: {FILTER_HELP}; a random subset of the same size is "
+                          "computed beside it")
+    pilot_tokens: int = setting(8192, positive=True, help="positions that fix a quantile threshold")
+    include_position0: bool = setting(False, help="keep position 0 (BOS / attention sink) in the statistics")
+    l2_normalize: bool = setting(False, help="unit-norm rows per layer before accumulation (cosine variant)")
+    estimator: str = setting("auto", choices=ESTIMATORS, help="CKA estimator: exact full-data, unbiased minibatch, "
+                             "or auto by the memory budget")
+    memory_budget_gb: float = setting(DEFAULT_MEMORY_BUDGET / 2**30, help="memory for exact cross-layer moments (GB)")
+    minibatch_size: int = setting(512, positive=True, help="tokens per CKA minibatch")
+    seed: int = setting(0, help="seed of the random control subset and minibatch shuffling")
+    min_tokens: int | None = setting(None, positive=True, help="kept positions the statistics need (default: d + 1)")
+    resample_groups: int = setting(DEFAULT_GROUPS, help="groups of conversations for 95% jackknife intervals on every "
+                                   "statistic, from the same pass; 0 turns them off")
 
     def check(self) -> None:
         if self.estimator not in ESTIMATORS:
