@@ -150,10 +150,10 @@ glue("selection_verdict", table.selection_verdict or "This table has no selected
 glue("n_sets", len(sets), display=False)
 glue("n_seeds", len(settings.seeds), display=False)
 glue("n_drafters", len({r["drafter"] for r in table.rows}), display=False)
-glue("train_tokens", f"{train['train_tokens']:,}", display=False)
+glue("train_tokens", f"{train.train_tokens:,}", display=False)
 glue("train_store_tokens", f"{table.info['train_store_tokens']:,}", display=False)
-glue("ttt_steps", train["ttt_steps"], display=False)
-glue("draft_vocab", f"{train['draft_vocab_size']:,}", display=False)
+glue("ttt_steps", train.ttt_steps, display=False)
+glue("draft_vocab", f"{train.draft_vocab_size:,}", display=False)
 glue("train_seconds", sum(float(r["train_seconds"]) for r in table.rows) / max(1, len(table.rows)), display=False)
 glue("draft_len", table.info["draft_len"], display=False)
 glue("heldout_sequences", table.info["heldout_sequences"], display=False)
@@ -195,14 +195,14 @@ def _margin(name: str, what: str) -> str:
     return f"The default set's heads do not clear {what} beyond the interval ({ci}), so at this budget the table cannot rank layer sets."
 
 
-passes = train["train_tokens"] / max(1, table.info["train_store_tokens"])
+passes = train.train_tokens / max(1, table.info["train_store_tokens"])
 seeds_text = (f"Intervals resample {len(settings.seeds)} training seeds and {table.info['heldout_sequences']} held-out "
               f"conversations ({table.info['heldout_positions']:,} answer tokens); with this few of each, the "
               "intervals are themselves rough." if len(settings.seeds) >= 2 else
               f"With one training seed the intervals resample only the {table.info['heldout_sequences']} held-out "
               f"conversations ({table.info['heldout_positions']:,} answer tokens) and leave seed variance out.")
 glue("limitations", " ".join([
-    f"Each head saw {train['train_tokens']:,} training tokens ({passes:.1f} passes over {table.info['train_store_tokens']:,} "
+    f"Each head saw {train.train_tokens:,} training tokens ({passes:.1f} passes over {table.info['train_store_tokens']:,} "
     "tokens of the target's own answers), a CPU budget; the τ-against-tokens figure shows whether τ was still rising.",
     _margin("bigram", "the bigram floor"), _margin("embedding-only", "the same head reading no layer"), seeds_text,
     f"Timed speedups rest on {settings.bench.n_prompts} prompts per benchmark of up to {settings.bench.max_new_tokens} "

@@ -321,7 +321,6 @@ def test_estimate_for_a_profile_without_reference_times_scales_the_default_by_bu
 def test_book_table_of_drafter_budgets_matches_the_profiles(tmp_path):
     """book/reproducibility.md includes each profile's drafter budgets, generated from the profiles
     when the book is built (book/generated/profiles.md); the table must state the profiles' values."""
-    from wavesurf.drafter.train import TrainSettings
     from wavesurf.reproduce import profile_table
     from wavesurf.speed_table import SpeedTableSettings
 
@@ -342,10 +341,10 @@ def test_book_table_of_drafter_budgets_matches_the_profiles(tmp_path):
     for name, cells in rows.items():
         st = SpeedTableSettings.from_profile(get_profile(name).drafter)
         train_answers, heldout_answers = (num(x) for x in cells[1].split("/"))
-        assert (train_answers, heldout_answers) == (st.distill["train_tokens"], st.distill["heldout_tokens"]), name
-        assert num(cells[2]) == st.train["train_tokens"], name
-        assert cells[3] == st.train.get("precision", TrainSettings.precision), name
+        assert (train_answers, heldout_answers) == (st.distill.train_tokens, st.distill.heldout_tokens), name
+        assert num(cells[2]) == st.train.train_tokens, name
+        assert cells[3] == st.train.precision, name
         assert (num(cells[4]), num(cells[5]), num(cells[6])) == (
-            st.train["ttt_steps"], st.train["draft_vocab_size"], len(st.seeds)), name
+            st.train.ttt_steps, st.train.draft_vocab_size, len(st.seeds)), name
         prompts, new_tokens = (num(x) for x in cells[7].split("×"))
         assert (prompts, new_tokens) == (st.bench.n_prompts, st.bench.max_new_tokens), name

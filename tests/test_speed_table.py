@@ -45,7 +45,7 @@ def test_run_speed_table_trains_each_set_and_seed_once(smollm):
     assert [(r["layer_set"], r["seed"]) for r in table.rows] == [("default", 0), ("default", 1), ("last-1", 0), ("last-1", 1)]
     assert len({r["drafter"] for r in table.rows}) == 4  # one drafter per set and seed
     assert len({r["train_tokens"] for r in table.rows}) == 1  # one budget for every set and seed
-    assert table.rows[0]["train_tokens"] >= 0.5 * settings.train["train_tokens"]
+    assert table.rows[0]["train_tokens"] >= 0.5 * settings.train.train_tokens
     assert all(1.0 <= r["tau_1"] <= r["tau_3"] <= 4.0 for r in table.rows)  # a longer chain never commits less
     summary = {s["layer_set"]: s for s in table.summary}
     assert set(summary) == {"default", "last-1", "bigram", "lookup", "embedding-only"}
@@ -115,7 +115,63 @@ def test_speed_table_settings_reject_unknown_keys():
     for bad in (0, 1, 1.2, -0.1, True):
         with pytest.raises(WavesurfError, match=r"acceptance family_level=.* must be a number in \(0, 1\)"):
             SpeedTableSettings.from_profile({"acceptance": {"family_level": bad}})
-    assert SpeedTableSettings.from_profile({"acceptance": {"family_level": 0.9}}).acceptance["family_level"] == 0.9
+    assert SpeedTableSettings.from_profile({"acceptance": {"family_level": 0.9}}).acceptance.family_level == 0.9
+
+
+#: the default profile's head-training fingerprint (seed 0) as computed before the speed table's
+#: settings were typed: every cached head's key rests on it, so it must not change
+DEFAULT_PROFILE_TRAIN_FINGERPRINT = {
+    "batch_tokens": 128, "betas": [0.9, 0.95], "draft_vocab_size": 4096, "grad_clip": 0.5, "init_lm_head": "random",
+    "input_norm": "none", "lr": 0.001, "max_steps": None, "precision": "bfloat16", "schedule": "cosine", "seed": 0,
+    "step_weight": 0.8, "train_tokens": 36000, "ttt_steps": 3, "vocab_tokens": None, "warmup_steps": 10,
+    "weight_decay": 0.0}
+
+
+def test_default_profile_keeps_its_train_fingerprint_and_store_settings():
+    from dataclasses import asdict, replace
+
+    from wavesurf.profiles import get_profile
+    from wavesurf.speed_table import SpeedTableSettings
+
+    st = SpeedTableSettings.from_profile(get_profile("default").drafter)
+    assert replace(st.train, seed=0).fingerprint() == DEFAULT_PROFILE_TRAIN_FINGERPRINT
+    assert replace(st.train, seed=0, embedding_only=True).fingerprint() == {
+        **DEFAULT_PROFILE_TRAIN_FINGERPRINT, "embedding_only": True}
+    assert asdict(st.features) == {"dataset": "sharegpt", "split": "train", "split_seed": 0, "max_tokens": 200_000,
+                                   "max_len": 512, "batch_tokens": 4096, "layer_ids": None, "dtype": "float16"}
+    assert asdict(st.distill) == {"train_tokens": 24_000, "heldout_tokens": 4_000, "max_new_tokens": 256,
+                                  "max_len": 512, "chunk_examples": 16, "batch_size": 16}
+
+
+def test_a_partial_part_gets_the_same_defaults_as_a_missing_one():
+    from wavesurf.speed_table import SpeedTableSettings
+
+    whole = SpeedTableSettings()
+    assert whole.acceptance.lookup_ngram == 3
+    for part, given in (("acceptance", {"draft_len": 4}), ("train", {"ttt_steps": 4}), ("distill", {"max_len": 1024}),
+                        ("features", {"batch_tokens": 4096}), ("bench", {"n_prompts": 3})):
+        assert getattr(SpeedTableSettings.from_profile({part: given}), part) == getattr(whole, part), part
+    assert SpeedTableSettings.from_profile({"train": {"frozen": ["fc"]}}).train.frozen == ("fc",)
+
+
+def test_a_part_refuses_an_unknown_key_naming_it_and_the_allowed_ones():
+    from wavesurf.speed_table import SpeedTableSettings
+
+    with pytest.raises(WavesurfError, match=r"unknown acceptance settings \['lookup'\]; allowed: draft_len, "
+                                            r"max_draft_len, n_boot, level, family_level, lookup_ngram"):
+        SpeedTableSettings.from_profile({"acceptance": {"lookup": 3}})
+    with pytest.raises(WavesurfError, match=r"unknown train settings \['epochs'\]; allowed: ttt_steps, .*draft_vocab"):
+        SpeedTableSettings.from_profile({"train": {"epochs": 3}})
+    with pytest.raises(WavesurfError, match=r"unknown train settings \['seed'\]"):  # the table's seeds set it
+        SpeedTableSettings.from_profile({"train": {"seed": 3}})
+    with pytest.raises(WavesurfError, match=r"unknown features settings \['dataset'\]; allowed: split_seed, max_len"):
+        SpeedTableSettings.from_profile({"features": {"dataset": "sharegpt"}})
+    with pytest.raises(WavesurfError, match=r"unknown distill settings \['tokens'\]; allowed: train_tokens"):
+        SpeedTableSettings.from_profile({"distill": {"tokens": 5}})
+    with pytest.raises(WavesurfError, match=r"unknown bench settings \['prompts'\]; allowed: n_prompts"):
+        SpeedTableSettings.from_profile({"bench": {"prompts": 5}})
+    with pytest.raises(WavesurfError, match="train=3 must be a TrainSettings or a dict of its fields"):
+        SpeedTableSettings(train=3)
 
 
 def test_verdict_sentence_names_sets_intervals_and_counts():
@@ -210,7 +266,7 @@ def test_summary_rows_from_synthetic_runs_carry_both_intervals_and_their_basis(n
     import numpy as np
 
     from wavesurf.drafter.acceptance import Acceptance
-    from wavesurf.speed_table import LayerSet, SpeedTable, _family_intervals, _summary_row
+    from wavesurf.speed_table import AcceptanceSettings, LayerSet, SpeedTable, _family_intervals, _summary_row
 
     rng = np.random.default_rng(0)
     cycles = rng.integers(10, 60, size=(30, 1))
@@ -224,7 +280,7 @@ def test_summary_rows_from_synthetic_runs_carry_both_intervals_and_their_basis(n
             LayerSet("random-1", "control", [16, 19, 24], "r"), LayerSet("last-1", "control", [30], "top")]
     runs = {s.name: [run(s.name, p) for _ in range(n_seeds)] for s, p in zip(sets, (0.30, 0.33, 0.30, 0.25))}
     floor = [run("bigram", 0.1)] * n_seeds
-    acc_cfg = {"draft_len": 1, "level": 0.95, "family_level": 0.95, "n_boot": 400}
+    acc_cfg = AcceptanceSettings(draft_len=1, level=0.95, family_level=0.95, n_boot=400)
     iv = _family_intervals([runs[s.name] for s in sets] + [floor], sets, acc_cfg)
     rows = [_summary_row(s.name, s.group, s.aliases, s.layer_ids, runs[s.name], iv, i, acc_cfg)
             for i, s in enumerate(sets)] + [_summary_row("bigram", "floor", [], [], floor, iv, len(sets), acc_cfg)]

@@ -237,7 +237,6 @@ def drafter_work_seconds(drafter: dict[str, Any]) -> float:
     bounded by what the settings allow (the default set, each method with and without the filter,
     3 fixed controls, the random sets); sets that coincide make the true count smaller."""
     from .speed_table import SpeedTableSettings  # the speed table's own defaults fill what a profile omits
-    from .drafter.train import TrainSettings
 
     st = SpeedTableSettings.from_profile(drafter)
     n_sets = 1 + 2 * len(st.methods) + 3 + st.n_random
@@ -246,10 +245,10 @@ def drafter_work_seconds(drafter: dict[str, Any]) -> float:
     tuned = st.bench.n_calibration if st.bench.auto else 0  # only mode 'auto' tunes on calibration prompts
     timed_tokens = TIMED_HEADS * len(st.datasets) * 2 * (st.bench.n_prompts + tuned) * st.bench.max_new_tokens
     rate = DRAFTER_TOKENS_PER_S
-    answers = st.distill.get("train_tokens", 0) + st.distill.get("heldout_tokens", 0)
-    train_speedup = TRAIN_PRECISION_SPEEDUP[st.train.get("precision", TrainSettings.precision)]
+    answers = st.distill.train_tokens + st.distill.heldout_tokens
+    train_speedup = TRAIN_PRECISION_SPEEDUP[st.train.precision]
     return (DRAFTER_FIXED_S + answers / rate["distill"] + answers * STORE_TOKENS_PER_ANSWER_TOKEN / rate["features"]
-            + heads * st.train.get("train_tokens", 0) / (rate["train"] * train_speedup) + timed_tokens / rate["bench"])
+            + heads * (st.train.train_tokens or 0) / (rate["train"] * train_speedup) + timed_tokens / rate["bench"])
 
 
 def scaled_reference_minutes(profile: Profile) -> dict[str, dict[str, float]]:

@@ -503,9 +503,9 @@ def profile_table() -> str:
         st = SpeedTableSettings.from_profile(prof.drafter)
         train, bench = st.train, st.bench
         mode = ", dynamic tree" if bench.mode == "tree" else ""
-        budgets.append(f"| `{name}` | {st.distill['train_tokens']:,} / {st.distill['heldout_tokens']:,} | "
-                       f"{train['train_tokens']:,} | {train.get('precision', 'float32')} | {train['ttt_steps']} | "
-                       f"{train['draft_vocab_size']:,} | {len(st.seeds)} | {bench.n_prompts} × {bench.max_new_tokens} "
+        budgets.append(f"| `{name}` | {st.distill.train_tokens:,} / {st.distill.heldout_tokens:,} | "
+                       f"{train.train_tokens:,} | {train.precision} | {train.ttt_steps} | "
+                       f"{train.draft_vocab_size:,} | {len(st.seeds)} | {bench.n_prompts} × {bench.max_new_tokens} "
                        f"({', '.join(st.datasets)}{mode}) |")
     return "\n".join(rows) + "\n\nDrafter budgets (the speed table):\n\n" + "\n".join(budgets) + "\n"
 

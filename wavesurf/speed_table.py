@@ -14,12 +14,15 @@ Identical sets are trained once and reported under every name that chose them.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 import numpy as np
 
 from .bench import BenchSettings
+from .distill import DEFAULT_BATCH_SIZE, DEFAULT_CHUNK_EXAMPLES
+from .drafter.features import FeatureSettings
+from .drafter.train import TrainSettings
 from .errors import WavesurfError, is_int
 from .models import default_layer_ids, to_sglang
 from .select import check_k, select_layers
@@ -108,37 +111,91 @@ def layer_sets(
 
 # ---------------------------------------------------------------------------------------------
 # running the experiment
+@dataclass(frozen=True)
+class DistillBudget:
+    """The target's own greedy answers (:func:`wavesurf.distill.distill_corpus`) to ShareGPT prompts:
+    ``train_tokens`` generated tokens of the training split for the drafters, ``heldout_tokens`` of
+    the held-out split for offline acceptance, ``max_new_tokens`` per answer and ``max_len`` per
+    conversation; ``chunk_examples`` (conversations per cache chunk, which bounds how far generation
+    runs past the budget) and ``batch_size`` change speed, not the answers."""
+
+    train_tokens: int = 60_000
+    heldout_tokens: int = 20_000
+    max_new_tokens: int = 256
+    max_len: int = 1024
+    chunk_examples: int = DEFAULT_CHUNK_EXAMPLES
+    batch_size: int = DEFAULT_BATCH_SIZE
+
+
+@dataclass(frozen=True)
+class AcceptanceSettings:
+    """How the heads are scored offline: ``draft_len`` (the chain length the table reports),
+    ``max_draft_len`` (lengths scored), ``n_boot`` and ``level`` of the bootstrap intervals,
+    ``family_level`` (None: ``level``) of the simultaneous intervals of the comparisons with the
+    default set, ``lookup_ngram`` (n > 0: every head is also scored drafting with n-gram lookup
+    first, as the timed runs decode when ``bench.lookup_ngram`` is set; 0: the head alone only)."""
+
+    draft_len: int = 4
+    max_draft_len: int = 6
+    n_boot: int = 2000
+    level: float = 0.95
+    family_level: float | None = None
+    lookup_ngram: int = 3
+
+    @property
+    def simultaneous_level(self) -> float:
+        """The level of the simultaneous intervals (``family_level``, else ``level``)."""
+        return self.level if self.family_level is None else self.family_level
+
+    def check(self) -> None:
+        if not is_int(self.draft_len, 1, self.max_draft_len):
+            raise WavesurfError(f"acceptance draft_len={self.draft_len!r} must be an integer in 1..max_draft_len")
+        for key in ("level", "family_level"):
+            value = getattr(self, key)
+            if key == "family_level" and value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1:
+                raise WavesurfError(f"acceptance {key}={value!r} must be a number in (0, 1), e.g. 0.95")
+        from .drafter.lookup import check_lookup_ngram
+
+        check_lookup_ngram(self.lookup_ngram, name="acceptance lookup_ngram", error=WavesurfError)
+
+
+#: the parts of :class:`SpeedTableSettings` that are settings of their own: name -> (class, fields
+#: the table sets itself and a profile may not)
+_PARTS: dict[str, tuple[type, tuple[str, ...]]] = {
+    "distill": (DistillBudget, ()),
+    "features": (FeatureSettings, ("dataset", "split", "max_tokens", "layer_ids")),
+    "train": (TrainSettings, ("seed",)),
+    "acceptance": (AcceptanceSettings, ()),
+    "bench": (BenchSettings, ()),
+}
+
+
 @dataclass
 class SpeedTableSettings:
     """Budgets of the speed table (a profile's ``"drafter"`` dict fills these).
 
-    ``distill``: the target's own greedy answers (:func:`wavesurf.distill.distill_corpus`) to ShareGPT
-    prompts, ``train_tokens`` generated tokens of the training split for the drafters and
-    ``heldout_tokens`` of the held-out split for offline acceptance, plus ``max_new_tokens`` per answer
-    and ``max_len`` per conversation (optional ``chunk_examples``: conversations per cache chunk,
-    which bounds how far generation runs past the budget; ``batch_size``); ``features``: :class:`~wavesurf.drafter.features.FeatureSettings`
-    fields other than the corpus (both stores hold the union of the sets' layer ids); ``train``:
-    :class:`~wavesurf.drafter.train.TrainSettings` fields, identical for every set (only ``seed``
-    varies over ``seeds``); ``acceptance``: ``draft_len`` (the chain length the table reports),
-    ``max_draft_len`` (lengths scored), ``n_boot`` and ``level`` of the bootstrap intervals,
-    ``family_level`` (default ``level``) of the simultaneous intervals of the comparisons with the
-    default set,
-    ``lookup_ngram`` (n > 0: every head is also scored drafting with n-gram lookup first, as the
-    timed runs decode when ``bench.lookup_ngram`` is set; 0: the head alone only);
-    ``bench``: the :class:`~wavesurf.bench.BenchSettings` of the timed runs of the default set, the
-    best selected set and the best control on each of ``datasets`` (a profile gives its fields as a
-    dict; the runs time ``hf_generate`` and ``eagle3`` only); ``curve_fractions``:
-    fractions of the training budget at which the default and the best set are trained again;
-    ``n_random``: random layer sets (drawn once with the table's seed), the null every selected
-    set is ranked in; ``primary``: the pre-registered comparison with the default.
+    Each part is settings of its own, and a profile gives any of its fields as a dict: what the
+    dict leaves out comes from this class's default of that part, the same as when the profile
+    leaves out the whole part. ``distill``: a :class:`DistillBudget`; ``features``: the
+    :class:`~wavesurf.drafter.features.FeatureSettings` of both stores except the corpus (the
+    table sets ``dataset``, ``split``, ``max_tokens`` and ``layer_ids``: both stores hold the union
+    of the sets' layer ids); ``train``: the :class:`~wavesurf.drafter.train.TrainSettings`,
+    identical for every set (the table sets ``seed`` from ``seeds``); ``acceptance``: an
+    :class:`AcceptanceSettings`; ``bench``: the :class:`~wavesurf.bench.BenchSettings` of the timed
+    runs of the default set, the best selected set and the best control on each of ``datasets``
+    (the runs time ``hf_generate`` and ``eagle3`` only); ``curve_fractions``: fractions of the
+    training budget at which the default and the best set are trained again; ``n_random``: random
+    layer sets (drawn once with the table's seed), the null every selected set is ranked in;
+    ``primary``: the pre-registered comparison with the default.
     """
 
-    distill: dict = field(default_factory=lambda: {"train_tokens": 60_000, "heldout_tokens": 20_000,
-                                                   "max_new_tokens": 256, "max_len": 1024})
-    features: dict = field(default_factory=lambda: {"max_len": 1024, "batch_tokens": 4096})
-    train: dict = field(default_factory=lambda: {"train_tokens": 60_000, "ttt_steps": 4, "draft_vocab_size": 8192})
-    acceptance: dict = field(default_factory=lambda: {"draft_len": 4, "max_draft_len": 6, "n_boot": 2000,
-                                                      "level": 0.95, "lookup_ngram": 3})
+    distill: DistillBudget = field(default_factory=DistillBudget)
+    features: FeatureSettings = field(default_factory=lambda: FeatureSettings(max_len=1024, batch_tokens=4096))
+    train: TrainSettings = field(default_factory=lambda: TrainSettings(train_tokens=60_000, ttt_steps=4,
+                                                                       draft_vocab_size=8192))
+    acceptance: AcceptanceSettings = field(default_factory=AcceptanceSettings)
     bench: BenchSettings = field(default_factory=lambda: BenchSettings(n_prompts=3, max_new_tokens=64, mode="auto",
                                                                      draft_len=4))
     datasets: tuple[str, ...] = ("mt-bench", "humaneval", "sharegpt")
@@ -153,8 +210,8 @@ class SpeedTableSettings:
 
     @classmethod
     def from_profile(cls, drafter: dict) -> SpeedTableSettings:
-        known = set(cls.__dataclass_fields__)
-        bad = sorted(set(drafter) - known)
+        known = [f.name for f in fields(cls)]
+        bad = sorted(set(drafter) - set(known))
         if bad:
             raise WavesurfError(f"unknown speed-table settings {bad}; allowed: {', '.join(sorted(known))}")
         out = cls(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in drafter.items()})
@@ -162,29 +219,25 @@ class SpeedTableSettings:
         return out
 
     def __post_init__(self) -> None:
-        if isinstance(self.bench, dict):  # a profile's plain-data form
-            self.bench = BenchSettings.from_dict(self.bench)
-        if not isinstance(self.bench, BenchSettings):
-            raise WavesurfError(f"bench={self.bench!r} must be a BenchSettings or a dict of its fields")
+        defaults = {f.name: f.default_factory for f in fields(self) if f.name in _PARTS}
+        for name, (kind, fixed) in _PARTS.items():
+            value = getattr(self, name)
+            if isinstance(value, dict):  # a profile's plain-data form: its fields over this class's default
+                allowed = [f.name for f in fields(kind) if f.init and f.name not in fixed]
+                bad = sorted(set(value) - set(allowed))
+                if bad:
+                    raise WavesurfError(f"unknown {name} settings {bad}; allowed: {', '.join(allowed)}")
+                value = replace(defaults[name](), **{k: tuple(v) if isinstance(v, list) else v
+                                                     for k, v in value.items()})
+                setattr(self, name, value)
+            if not isinstance(value, kind):
+                raise WavesurfError(f"{name}={value!r} must be a {kind.__name__} or a dict of its fields")
 
     def check(self) -> None:
         if not self.seeds:
             raise WavesurfError("the speed table needs at least one training seed")
-        d = self.acceptance.get("draft_len", 4)
-        if not is_int(d, 1, self.acceptance.get("max_draft_len", 6)):
-            raise WavesurfError(f"acceptance draft_len={d!r} must be an integer in 1..max_draft_len")
-        bad = sorted(set(self.acceptance) - {"draft_len", "max_draft_len", "n_boot", "level", "family_level",
-                                             "lookup_ngram"})
-        if bad:
-            raise WavesurfError(f"unknown acceptance settings {bad}; allowed: draft_len, max_draft_len, n_boot, level, "
-                                "family_level, lookup_ngram")
-        for key in ("level", "family_level"):
-            value = self.acceptance.get(key, 0.95)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1:
-                raise WavesurfError(f"acceptance {key}={value!r} must be a number in (0, 1), e.g. 0.95")
-        from .drafter.lookup import check_lookup_ngram
-
-        check_lookup_ngram(self.acceptance.get("lookup_ngram", 0), name="acceptance lookup_ngram", error=WavesurfError)
+        self.acceptance.check()
+        self.train.check()
         for f in self.curve_fractions:
             if not 0 < f < 1:
                 raise WavesurfError(f"curve fraction {f!r} must be in (0, 1)")
@@ -430,15 +483,16 @@ def lookup_sentence(summary: Sequence[dict[str, Any]], info: dict[str, Any]) -> 
     return text + f"; drafting this way no set differs from the default beyond its {kind} interval (largest: {fmt})."
 
 
-def _train_and_score(target: Any, train_store: Any, held_store: Any, ids: list[int], train: dict, seed: int,
-                     acceptance: dict, name: str, progress: bool) -> tuple[Any, Any, Any, dict]:
+def _train_and_score(target: Any, train_store: Any, held_store: Any, ids: list[int], train: TrainSettings,
+                     seed: int, acceptance: AcceptanceSettings, name: str,
+                     progress: bool) -> tuple[Any, Any, Any, dict]:
     from .drafter.acceptance import offline_acceptance
     from .drafter.head import load_head
-    from .drafter.train import TrainSettings, train_drafter
+    from .drafter.train import train_drafter
 
-    result = train_drafter(target, train_store, ids, TrainSettings(**{**train, "seed": seed}), progress=progress)
+    result = train_drafter(target, train_store, ids, replace(train, seed=seed), progress=progress)
     head, info = load_head(result.out_dir, target)
-    acc = offline_acceptance(target, head, held_store, max_draft_len=acceptance.get("max_draft_len", 6),
+    acc = offline_acceptance(target, head, held_store, max_draft_len=acceptance.max_draft_len,
                              name=name, progress=progress)
     return result, head, acc, info
 
@@ -447,18 +501,18 @@ def distilled_stores(target: Any, settings: SpeedTableSettings, layer_ids: Seque
     """The target's own answers to the ShareGPT training and held-out prompts, and a feature store
     of each at ``layer_ids`` (plus layer N). Returns ``(train_store, heldout_store, train_corpus_name)``."""
     from .distill import distill_corpus
-    from .drafter.features import FeatureSettings, build_feature_store
+    from .drafter.features import build_feature_store
 
     d = settings.distill
     stores, names = [], []
-    for split, budget in (("train", d["train_tokens"]), ("heldout", d["heldout_tokens"])):
-        extra = {k: d[k] for k in ("chunk_examples", "batch_size") if k in d}  # speed only, not the answers
-        corpus = distill_corpus(target, "sharegpt", split=split, max_tokens=budget, max_len=d.get("max_len", 512),
-                                max_new_tokens=d.get("max_new_tokens", 256), progress=progress, **extra)
+    for split, budget in (("train", d.train_tokens), ("heldout", d.heldout_tokens)):
+        corpus = distill_corpus(target, "sharegpt", split=split, max_tokens=budget, max_len=d.max_len,
+                                max_new_tokens=d.max_new_tokens, chunk_examples=d.chunk_examples,
+                                batch_size=d.batch_size, progress=progress)
         names.append(f"{corpus.name}#{corpus.info['key']}")  # this very entry, whatever its settings
         stores.append(build_feature_store(
-            target, FeatureSettings(**{**settings.features, "dataset": names[-1], "split": split,
-                                       "max_tokens": None, "layer_ids": sorted(set(layer_ids))}),
+            target, replace(settings.features, dataset=names[-1], split=split, max_tokens=None,
+                            layer_ids=sorted(set(layer_ids))),
             progress=progress))
     return stores[0], stores[1], names[0]
 
@@ -478,10 +532,8 @@ def run_speed_table(target: Any, sets: Sequence[LayerSet], settings: SpeedTableS
 
     settings = settings or SpeedTableSettings()
     settings.check()
-    acc_cfg = {"draft_len": 4, "max_draft_len": 6, "n_boot": 2000, "level": 0.95, "lookup_ngram": 0,
-               **settings.acceptance}
-    acc_cfg.setdefault("family_level", acc_cfg["level"])
-    d, level = acc_cfg["draft_len"], acc_cfg["level"]
+    acc_cfg = settings.acceptance
+    d, level = acc_cfg.draft_len, acc_cfg.level
     primary = _primary_set(sets, settings.primary)
     union = sorted({i for s in sets for i in s.layer_ids})
     train_store, held_store, corpus_name = distilled_stores(target, settings, union, progress)
@@ -497,9 +549,9 @@ def run_speed_table(target: Any, sets: Sequence[LayerSet], settings: SpeedTableS
                                                        seed, acc_cfg, f"{s.name}/seed{seed}", progress)
             runs.setdefault(s.name, []).append(acc)
             with_lookup = {}
-            if acc_cfg["lookup_ngram"]:
-                both = offline_acceptance(target, head, held_store, max_draft_len=acc_cfg["max_draft_len"],
-                                          lookup_ngram=acc_cfg["lookup_ngram"], name=f"{s.name}/seed{seed}+lookup",
+            if acc_cfg.lookup_ngram:
+                both = offline_acceptance(target, head, held_store, max_draft_len=acc_cfg.max_draft_len,
+                                          lookup_ngram=acc_cfg.lookup_ngram, name=f"{s.name}/seed{seed}+lookup",
                                           progress=progress)
                 lookup_runs_by_set.setdefault(s.name, []).append(both)
                 with_lookup = {f"lookup_tau_{k}": round(both.tau(k), 5) for k in both.draft_lens}
@@ -518,17 +570,17 @@ def run_speed_table(target: Any, sets: Sequence[LayerSet], settings: SpeedTableS
             })
 
     table = build_bigram_table(target, corpus_name, split="train")
-    floor = bigram_acceptance(target, table, held_store, max_draft_len=acc_cfg["max_draft_len"], progress=progress)
+    floor = bigram_acceptance(target, table, held_store, max_draft_len=acc_cfg.max_draft_len, progress=progress)
     default = next(s for s in sets if s.group == "default")
     k_seeds = len(settings.seeds)
     floor_runs = [floor] * k_seeds  # deterministic: the same floor paired with every seed
-    lookup = lookup_acceptance(target, held_store, max_draft_len=acc_cfg["max_draft_len"], progress=progress)
+    lookup = lookup_acceptance(target, held_store, max_draft_len=acc_cfg.max_draft_len, progress=progress)
     lookup_runs = [lookup] * k_seeds
     # the embedding-only control: the default set's head with every stream zeroed, same budget, data and seeds
     control_runs = []
     for seed in settings.seeds:
         _, head, acc, _ = _train_and_score(target, train_store, held_store, default.layer_ids,
-                                           {**settings.train, "embedding_only": True}, seed, acc_cfg,
+                                           replace(settings.train, embedding_only=True), seed, acc_cfg,
                                            f"{CONTROL}/seed{seed}", progress)
         control_runs.append(acc)
         heads_by_seed.setdefault(CONTROL, []).append(head)
@@ -542,11 +594,11 @@ def run_speed_table(target: Any, sets: Sequence[LayerSet], settings: SpeedTableS
     streams, rescue = _diagnostics(target, sets, heads_by_seed, table, train_store, held_store, runs, acc_cfg, progress)
     for row in summary:
         row.update(rescue.get(row["layer_set"], {}))
-    info = {"draft_len": d, "level": level, "seeds": k_seeds, "lookup_ngram": acc_cfg["lookup_ngram"], "heldout_sequences": len(floor.sequence_ids),
+    info = {"draft_len": d, "level": level, "seeds": k_seeds, "lookup_ngram": acc_cfg.lookup_ngram, "heldout_sequences": len(floor.sequence_ids),
             "heldout_positions": floor.positions, "heldout_cut_tokens": floor.cut_tokens, "corpus": corpus_name,
             "train_store_tokens": train_store.tokens, "heldout_store_tokens": held_store.tokens}
 
-    info.update(n_boot=acc_cfg["n_boot"], family_level=acc_cfg["family_level"], interval=iv.basis,
+    info.update(n_boot=acc_cfg.n_boot, family_level=acc_cfg.simultaneous_level, interval=iv.basis,
                 seed_df=iv.seed_df, pooled_seed_std=round(iv.pooled_seed_std, 5), family=iv.family)
     if lookup_runs_by_set:
         with_lookup = [s for s in sets if s.name in lookup_runs_by_set]
@@ -578,16 +630,16 @@ def run_speed_table(target: Any, sets: Sequence[LayerSet], settings: SpeedTableS
             chosen.append((label, max(cands, key=lambda r: r["tau"])["layer_set"]))
     result.timed = _timed_rows(target, [(label, by_name[n], heads[n]) for label, n in chosen], settings, progress)
 
-    budget = settings.train.get("train_tokens")
+    budget = settings.train.train_tokens
     best = result.best(("selected", "selected+filter", "control"))["layer_set"] if len(sets) > 1 else default.name
     if budget and settings.curve_fractions:
         for name in dict.fromkeys([default.name, best]):
             s = by_name[name]
             for frac in sorted(settings.curve_fractions) + [1.0]:
-                train = {**settings.train, "train_tokens": max(1, int(budget * frac))}
+                train = replace(settings.train, train_tokens=max(1, int(budget * frac)))
                 res, _, acc, _ = _train_and_score(target, train_store, held_store, s.layer_ids, train,
                                                   settings.seeds[0], acc_cfg, f"{s.name}/curve{frac}", progress)
-                ci = bootstrap_tau([acc], d, n_boot=acc_cfg["n_boot"], level=level)
+                ci = bootstrap_tau([acc], d, n_boot=acc_cfg.n_boot, level=level)
                 result.curve.append({"layer_set": name, "layer_ids": " ".join(map(str, s.layer_ids)),
                                      "fraction": frac, "train_tokens": res.train_tokens, "seed": settings.seeds[0],
                                      "draft_len": d, "tau": round(ci["tau"], 5), "tau_lo": round(ci["tau_lo"], 5),
@@ -596,7 +648,7 @@ def run_speed_table(target: Any, sets: Sequence[LayerSet], settings: SpeedTableS
 
 
 def _diagnostics(target: Any, sets: Sequence[LayerSet], heads: dict[str, list[Any]], table: Any, train_store: Any,
-                 held_store: Any, runs: dict[str, list[Any]], acc_cfg: dict,
+                 held_store: Any, runs: dict[str, list[Any]], acc_cfg: AcceptanceSettings,
                  progress: bool) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
     """Whether the heads use their layers: per set, step-0 accuracy where the bigram floor is
     wrong (seeds pooled, interval over held-out sequences); per set and layer, the stream's share
@@ -607,13 +659,13 @@ def _diagnostics(target: Any, sets: Sequence[LayerSet], heads: dict[str, list[An
 
     rescue: dict[str, dict[str, Any]] = {}
     streams: list[dict[str, Any]] = []
-    d = acc_cfg["draft_len"]
+    d = acc_cfg.draft_len
     for name in [s.name for s in sets] + [CONTROL]:
         per_seed = [floor_miss_accuracy(target, h, table, held_store) for h in heads[name]]
         pooled = FloorMisses(name, per_seed[0].sequence_ids, sum(f.misses for f in per_seed),
                              sum(f.rescued for f in per_seed), sum(f.floor_hits for f in per_seed),
                              sum(f.lost for f in per_seed))
-        iv = pooled.interval(n_boot=acc_cfg["n_boot"], level=acc_cfg["level"])
+        iv = pooled.interval(n_boot=acc_cfg.n_boot, level=acc_cfg.level)
         rescue[name] = {"rescue": round(iv["rescue_rate"], 5), "rescue_lo": round(iv["rescue_lo"], 5),
                         "rescue_hi": round(iv["rescue_hi"], 5), "floor_misses": iv.get("floor_misses", 0)}
     for s in sets:
@@ -624,12 +676,12 @@ def _diagnostics(target: Any, sets: Sequence[LayerSet], heads: dict[str, list[An
     default = next(s for s in sets if s.group == "default")
     if len(default.layer_ids) > 1:
         ablated = {lid: [offline_acceptance(target, ablate_stream(h, lid), held_store,
-                                            max_draft_len=acc_cfg["max_draft_len"],
+                                            max_draft_len=acc_cfg.max_draft_len,
                                             name=f"{default.name} without {lid}/seed{i}", progress=progress)
                          for i, h in enumerate(heads[default.name])] for lid in default.layer_ids}
         lids = list(ablated)
         iv = acceptance_intervals([ablated[lid] for lid in lids] + [runs[default.name]], d, reference=len(lids),
-                                  level=acc_cfg["level"], n_boot=acc_cfg["n_boot"])
+                                  level=acc_cfg.level, n_boot=acc_cfg.n_boot)
         for i, lid in enumerate(lids):
             r = iv.rows[i]
             row = next(x for x in streams if x["layer_set"] == default.name and x["layer_id"] == lid)
@@ -654,7 +706,7 @@ def _primary_set(sets: Sequence[LayerSet], name: str) -> LayerSet | None:
                         "or '' for none")
 
 
-def _null_ranks(sets: Sequence[LayerSet], runs: dict[str, list[Any]], acc_cfg: dict,
+def _null_ranks(sets: Sequence[LayerSet], runs: dict[str, list[Any]], acc_cfg: AcceptanceSettings,
                 n_random: int) -> dict[str, Any]:
     """Each selected set's percentile among the random sets (the null), with two-level intervals."""
     from .drafter.acceptance import acceptance_null_percentiles
@@ -666,8 +718,8 @@ def _null_ranks(sets: Sequence[LayerSet], runs: dict[str, list[Any]], acc_cfg: d
         out["note"] = (f"{len(null)} random layer set{'s' if len(null) != 1 else ''}: too few to rank the selected "
                        "sets against (at least 2)" if len(null) < 2 else "no selected set to rank")
         return out
-    ranks = acceptance_null_percentiles([runs[s.name] for s in sets], acc_cfg["draft_len"], subjects, null,
-                                        level=acc_cfg["level"], n_boot=acc_cfg["n_boot"])
+    ranks = acceptance_null_percentiles([runs[s.name] for s in sets], acc_cfg.draft_len, subjects, null,
+                                        level=acc_cfg.level, n_boot=acc_cfg.n_boot)
     for i, r in zip(subjects, ranks):
         out["rows"].append({"layer_set": sets[i].name, "layer_ids": " ".join(map(str, sets[i].layer_ids)),
                             **{k: round(v, 4) if isinstance(v, float) else v for k, v in r.items()}})
@@ -706,7 +758,7 @@ def _can_rank(summary: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def _family_intervals(groups: list[list[Any]], sets: Sequence[LayerSet], acc_cfg: dict) -> Any:
+def _family_intervals(groups: list[list[Any]], sets: Sequence[LayerSet], acc_cfg: AcceptanceSettings) -> Any:
     """Intervals of every drafter in ``groups`` (the runs of ``sets`` in order, then any floors) from
     one set of two-level replicates: differences against the default set, simultaneous (max-T) over
     the other layer sets, the floors compared unadjusted (they are not candidates)."""
@@ -714,8 +766,8 @@ def _family_intervals(groups: list[list[Any]], sets: Sequence[LayerSet], acc_cfg
 
     ref = next(i for i, s in enumerate(sets) if s.group == "default")
     family = [i for i, s in enumerate(sets) if s.group != "default"]
-    return acceptance_intervals(groups, acc_cfg["draft_len"], reference=ref, family=family, level=acc_cfg["level"],
-                                family_level=acc_cfg["family_level"], n_boot=acc_cfg["n_boot"])
+    return acceptance_intervals(groups, acc_cfg.draft_len, reference=ref, family=family, level=acc_cfg.level,
+                                family_level=acc_cfg.simultaneous_level, n_boot=acc_cfg.n_boot)
 
 
 def _interval_columns(iv: Any, i: int, reference: bool) -> dict[str, Any]:
@@ -746,18 +798,18 @@ def _interval_columns(iv: Any, i: int, reference: bool) -> dict[str, Any]:
 
 
 def _summary_row(name: str, group: str, aliases: Sequence[str], layer_ids: Sequence[int], runs: list[Any],
-                 iv: Any, i: int, acc_cfg: dict) -> dict[str, Any]:
+                 iv: Any, i: int, acc_cfg: AcceptanceSettings) -> dict[str, Any]:
     """One summary row: the set, what its intervals rest on (``seeds``, ``sequences``, ``interval``),
     :func:`_interval_columns` and the verdict (:func:`classify` of the simultaneous interval)."""
     row = {"layer_set": name, "group": group, "aliases": " ".join(aliases), "layer_ids": " ".join(map(str, layer_ids)),
-           "seeds": iv.seeds, "sequences": iv.sequences, "interval": iv.basis, "draft_len": acc_cfg["draft_len"],
+           "seeds": iv.seeds, "sequences": iv.sequences, "interval": iv.basis, "draft_len": acc_cfg.draft_len,
            **_interval_columns(iv, i, reference=group == "default"),
            "step_accuracy_0": round(float(np.mean([r.step_accuracy[0] for r in runs])), 5)}
     row["verdict"] = "reference" if group == "default" else classify(row)
     return row
 
 
-def _lookup_columns(liv: Any, i: int, acc_cfg: dict, reference: bool) -> dict[str, Any]:
+def _lookup_columns(liv: Any, i: int, acc_cfg: AcceptanceSettings, reference: bool) -> dict[str, Any]:
     """tau of a set's heads drafting with n-gram lookup first, with its interval, and the paired
     difference to the default set's heads drafting the same way (simultaneous over the sets, the
     per-comparison interval as ``lookup_diff_unadj_*``)."""
