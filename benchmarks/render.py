@@ -47,11 +47,14 @@ def load_results(results: Path = RESULTS) -> list[dict[str, Any]]:
 
 
 def quiet(run: dict[str, Any]) -> str:
-    """``yes``/``no`` as the script recorded it, else judged from the load average against the
-    benchmark's own thread count (``(from load)``), else ``unknown``."""
+    """``yes``/``no`` as the script recorded it; else judged from the load average before the run
+    started (``load_before``: quiet when nothing else ran), or from the load when the result was
+    written against the benchmark's own thread count (``(from load)``); else ``unknown``."""
     if isinstance(run.get("quiet"), bool):
         return "yes" if run["quiet"] else "no"
-    load, threads = run.get("load_before", run.get("load_average")), run.get("threads")
+    if isinstance(run.get("load_before"), (int, float)):  # measured before the benchmark started anything
+        return ("yes" if run["load_before"] <= QUIET_MARGIN else "no") + " (from the load before it started)"
+    load, threads = run.get("load_average"), run.get("threads")
     if isinstance(load, (int, float)) and isinstance(threads, int):
         return ("yes" if load <= threads + QUIET_MARGIN else "no") + " (from load)"
     return "unknown"
