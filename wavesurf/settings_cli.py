@@ -24,15 +24,13 @@ from dataclasses import MISSING, Field, dataclass, field, fields
 from typing import Any
 
 
-def setting(default: Any = MISSING, *, help: str, choices: tuple[str, ...] | None = None, positive: bool = False,
-            default_factory: Any = MISSING) -> Any:
-    """A dataclass field with its command-line help: ``choices`` (refused while parsing, with
-    argparse's message) and ``positive`` (an integer >= 1, refused while parsing) apply to the
-    option only; the dataclass's own ``check`` stays the rule for Python callers."""
-    meta = {"help": help, "choices": choices, "positive": positive}
-    if default_factory is not MISSING:
-        return field(default_factory=default_factory, metadata=meta)
-    return field(default=default, metadata=meta)
+def setting(default: Any = MISSING, *, help: str, choices: tuple[str, ...] | None = None,
+            positive: bool = False) -> Any:
+    """A dataclass field (an immutable ``default``) with its command-line help: ``choices``
+    (refused while parsing, with argparse's message) and ``positive`` (an integer >= 1, refused
+    while parsing) apply to the option only; the dataclass's own ``check`` stays the rule for
+    Python callers."""
+    return field(default=default, metadata={"help": help, "choices": choices, "positive": positive})
 
 
 def positive_int(text: str) -> int:
