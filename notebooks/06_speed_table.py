@@ -191,15 +191,15 @@ level = round(100 * table.info.get("level", 0.95))
 cleared = {name: rank[name]["margin_lo"] > 0 for name in ("bigram", "embedding-only")}
 
 
-def _margin(name: str, what: str) -> str:
+def _margin(name: str) -> str:
     m = rank[name]
-    ci = f"{m['margin']:+.3f} τ, {level}% CI {m['margin_lo']:+.3f} to {m['margin_hi']:+.3f}"
-    return f"{what} {'by' if cleared[name] else 'not beyond the interval'} ({ci})"
+    return f"{m['margin']:+.3f} τ ({level}% CI {m['margin_lo']:+.3f} to {m['margin_hi']:+.3f})"
 
 
-floors = (f"The default set's heads clear {_margin('bigram', 'the bigram floor')} and "
-          f"{_margin('embedding-only', 'the same head reading no layer')}"
-          + ("." if all(cleared.values()) else ", so at this budget the table cannot rank layer sets."))
+floors = (f"The default set's heads differ from the bigram floor by {_margin('bigram')} and from the same head "
+          f"reading no layer by {_margin('embedding-only')}"
+          + ("; both intervals lie above zero." if all(cleared.values()) else
+             "; not both intervals lie above zero, so at this budget the table cannot rank layer sets."))
 passes = train.train_tokens / max(1, table.info["train_store_tokens"])
 seeds_text = (f"Intervals resample {len(settings.seeds)} training seeds and {table.info['heldout_sequences']} held-out "
               f"conversations ({table.info['heldout_positions']:,} answer tokens); with this few of each, the "
@@ -210,7 +210,7 @@ glue("limitations", " ".join([
     f"Each head saw {train.train_tokens:,} training tokens ({passes:.1f} passes over {table.info['train_store_tokens']:,} "
     "tokens of the target's own answers), a CPU budget; the τ-against-tokens figure shows whether τ was still rising.",
     floors, seeds_text,
-    f"Timed speedups rest on {settings.bench.n_prompts} prompts per benchmark of up to {settings.bench.max_new_tokens} "
+    f"Timed speedups rest on {settings.bench.n_prompts} prompt{'s' if settings.bench.n_prompts != 1 else ''} per benchmark of up to {settings.bench.max_new_tokens} "
     f"new tokens, {'with n-gram lookup drafting first' if settings.bench.lookup_ngram else 'the head drafting alone'}, "
     "on this machine's CPU, whose kernels move them as much as the head does."]), display=False)
 
