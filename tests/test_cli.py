@@ -28,6 +28,13 @@ def test_datasets_lists_sizes(capsys):
     assert sum(rows["sharegpt"]["splits"].values()) == rows["sharegpt"]["examples"]
 
 
+def test_select_probe_runs_the_probe_on_the_same_corpus(small_stats, capsys):
+    assert main(["select", "--k", "1", "--method", "probe", "--ridge", "0.1", *SMALL_ARGS]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["method"] == "probe" and len(out["layer_ids"]) == 1 and out["scores"]["probe_sets_scored"] == 30
+    assert "chosen_in_resamples" not in out  # a resample of the statistics does not resample the probe
+
+
 @pytest.mark.parametrize("argv, message", [
     (["capture", "--max-tokens", "0"], "must be a positive integer"),
     (["capture", "--max-tokens", "100", "--layers", "2,x"], "comma-separated vLLM layer ids"),
@@ -90,7 +97,9 @@ def test_analyze_and_select_use_the_cache(small_stats, capsys):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["select", "--method", "pca"], "available: default, entropy, aggregate, cka, combined"),
+    (["select", "--method", "pca"], "available: default, entropy, entropy-spaced, aggregate, greedy-aggregate, mrmr, cka, "
+                                    "combined, probe"),
+    (["select", "--method", "probe", "--ridge", "0"], "ridge=0.0 must be a finite number > 0"),
     (["select", "--k", "0"], "allowed are 1..31"),
     (["analyze", "--filter", "top20"], "allowed:"),
     (["analyze", "--filter", "12nats"], "the statistics need at least 577"),

@@ -186,13 +186,26 @@ def cmd_select(args: argparse.Namespace) -> int:
     from .select import check_method, select_layers, selection_recurrence
 
     check_method(args.method)  # before the (slow) analysis
+    if args.method == "probe":
+        from .stats.probe import check_ridge
+
+        check_ridge(args.ridge)
     target, stats = _run_analysis(args, k=args.k)
     candidates = range(0, target.n_layers + 1) if args.allow_embedding else None
-    options = {}
+    options: dict = {}
     if args.method == "combined":
         options["trade_off"] = args.trade_off
-    if args.method == "entropy" and args.min_spacing is not None:
+    if args.method == "entropy-spaced" and args.min_spacing is not None:
         options["min_spacing"] = args.min_spacing
+    if args.method == "probe":  # a ridge probe on a capture of the same corpus (cached like the statistics)
+        from .stats.probe import ProbeSettings, probe_layer_sets
+
+        settings = _analysis_settings(args)
+        probe = ProbeSettings(dataset=settings.dataset, split=settings.split, split_seed=settings.split_seed,
+                              max_tokens=settings.max_tokens, max_len=settings.max_len,
+                              batch_tokens=settings.batch_tokens, roles=settings.roles)
+        options["probe"] = probe_layer_sets(target, k=args.k, settings=probe, ridge=args.ridge,
+                                            use_cache=not args.no_cache, progress=not args.quiet)
     selection = select_layers(stats, k=args.k, method=args.method, candidates=candidates, **options)
     from .consumers import architecture_of, servable_formats
 
@@ -200,8 +213,9 @@ def cmd_select(args: argparse.Namespace) -> int:
     # which export formats can serve these ids on this target: known before a drafter is trained on them
     architecture = architecture_of(target)
     out["export_formats"] = servable_formats(selection.layer_ids, target.n_layers, architecture)
-    if stats.has_intervals and candidates is None:  # how often the set recurs, one group of conversations left out
-        out["chosen_in_resamples"] = round(selection_recurrence(stats, args.k, args.method, **options), 4)
+    recurrence = selection_recurrence(stats, args.k, args.method, **options) if candidates is None else None
+    if recurrence is not None:  # how often the set recurs, one group of conversations left out
+        out["chosen_in_resamples"] = round(recurrence, 4)
     if args.eagle_config:
         out = selection.eagle_config(args.eagle_config, architecture)
     _print_json(out)
@@ -476,11 +490,15 @@ def build_parser() -> argparse.ArgumentParser:
                                    '"method", "scores", "reason"}.')
     p.add_argument("--k", type=int, default=3, help="number of layers (1..N+1, default 3)")
     p.add_argument("--method", default="combined",
-                   help="default ([2, N//2, N-3]), entropy, aggregate, cka, combined (default combined)")
+                   help="default ([2, N//2, N-3]), entropy (top-k S1), entropy-spaced (heuristic), aggregate, "
+                        "greedy-aggregate, mrmr, cka (from the compartments found), combined (standardised "
+                        "entropy + diversity), probe (ridge probe of the next last-layer state on a capture of "
+                        "the same corpus; slower) (default combined)")
     p.add_argument("--allow-embedding", action="store_true", help="let id 0 (embedding output) be chosen")
     p.add_argument("--trade-off", type=float, default=0.5,
                    help="combined: weight t of diversity (1 - mean CKA) against normalised entropy (default 0.5)")
-    p.add_argument("--min-spacing", type=int, default=None, help="entropy: minimum distance between picked ids (default N // 2k)")
+    p.add_argument("--min-spacing", type=int, default=None, help="entropy-spaced: minimum distance between picked ids (default N // 2k)")
+    p.add_argument("--ridge", type=float, default=1e-2, help="probe: ridge penalty lambda > 0 on whitened features (default 0.01)")
     p.add_argument("--eagle-config", choices=list(FORMATS), default=None,
                    help="print the drafter-config snippet for that consumer instead, its ids written by its own "
                         "rule (see `wavesurf export --help`)")
