@@ -138,3 +138,24 @@ def test_top_eigen_matches_a_full_decomposition():
     want = np.linalg.eigvalsh(cov)[::-1][:10]
     np.testing.assert_allclose(eig, want, rtol=1e-8)
     np.testing.assert_allclose(np.abs((vec * v[:, :10]).sum(0)), 1.0, atol=1e-6)  # same directions up to sign
+
+
+def test_cache_entries_round_trip_and_refuse_damage(synthetic, tmp_path):
+    from wavesurf.stats.probe import ProbeResult, load_moments, load_result, save_moments, save_result
+
+    m = synthetic[0]
+    m.key = "k1"
+    save_moments(m, tmp_path / "m")
+    back = load_moments(tmp_path / "m")
+    sets = [[0, 1], [2, 4]]
+    np.testing.assert_array_equal(score_layer_sets(back, sets, 0.1)["r2"], score_layer_sets(m, sets, 0.1)["r2"])
+    r = ProbeResult("k2", 4, 2, 0.1, np.array(sets), np.array([0.2, 0.5]), np.array([0.3, 0.4]), "all", {(2, 4): 0.25})
+    save_result(r, tmp_path / "r")
+    again = load_result(tmp_path / "r")
+    assert again.best(2) == [[2, 4], [0, 1]] and again.top1 == {(2, 4): 0.25} and again.rank([0, 1]) == 2
+    assert (tmp_path / "r" / "probe.csv").read_text().splitlines()[1].startswith("1,2 4,0.5,0.4,0.25")
+    (tmp_path / "r" / "probe.npz").write_bytes(b"x")
+    with pytest.raises(StatsError, match="damaged"):
+        load_result(tmp_path / "r")
+    with pytest.raises(StatsError, match=r"layer set \[1, 3\] was not probed"):
+        r.score([3, 1])

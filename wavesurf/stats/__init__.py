@@ -20,6 +20,7 @@ _PUBLIC = {
     **dict.fromkeys(["aggregate_covariance", "aggregate_entropy", "aggregate_entropy2_closed_form", "effective_rank", "redundancy2_closed_form",
                      "layer_entropies", "matrix_entropy", "purity", "redundancy", "renyi_entropy"], "entropy"),
     **dict.fromkeys(["LayerMoments", "gather_layer_rows"], "moments"),
+    **dict.fromkeys(["ProbeResult", "ProbeSettings", "probe_layer_sets", "score_layer_sets"], "probe"),
     **dict.fromkeys(["GroupAssigner", "GroupedLayerMoments", "Jackknife", "jackknife"], "resampling"),
 }
 

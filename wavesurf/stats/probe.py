@@ -54,7 +54,7 @@ from .._version import __version__
 from ..cache import atomic_directory, entry_dir, params_key, verify_directory, write_manifest, write_rows_csv
 from ..errors import StatsError, is_int
 
-PROBE_FORMAT = 1
+PROBE_FORMAT = 2  # 2: entries named <kind>.npz
 #: Sets solved together in one batched linear-algebra call while scoring.
 SCORE_CHUNK = 128
 
@@ -433,21 +433,32 @@ def moments_key(target: Any, settings: ProbeSettings) -> tuple[str, dict[str, An
 _MOMENT_ARRAYS = ("n", "sz", "sy", "zz", "zy", "yy", "y_shift", "sample_z", "sample_y")
 
 
-def save_moments(moments: ProbeMoments, out: Path) -> None:
+def _write_entry(out: Path, kind: str, key: str, arrays: dict[str, np.ndarray], meta: dict[str, Any],
+                 rows: list[dict[str, Any]] | None = None) -> None:
+    """One cache entry, atomically: ``<kind>.npz``, ``meta.json``, optional tidy ``<kind>.csv``, manifest."""
     with atomic_directory(out, overwrite=True) as tmp:
-        np.savez(tmp / "moments.npz", **{a: getattr(moments, a) for a in _MOMENT_ARRAYS})
-        meta = {**moments.meta, "n_layers": moments.n_layers, "dims": moments.dims,
-                "embedding_dims": moments.embedding_dims, "hidden_size": moments.hidden_size, "key": moments.key}
+        np.savez(tmp / f"{kind}.npz", **arrays)
         (tmp / "meta.json").write_text(json.dumps(meta, indent=2, default=str))
-        write_manifest(tmp, {"kind": "probe-moments", "key": moments.key}, hash_files=False)
+        if rows is not None:
+            write_rows_csv(tmp / f"{kind}.csv", rows)
+        write_manifest(tmp, {"kind": kind, "key": key}, hash_files=False)
+
+
+def _read_entry(path: Path, kind: str) -> tuple[dict[str, Any], Any]:
+    problem = verify_directory(path)
+    if problem is not None:
+        raise StatsError(f"{kind} entry {path} is damaged ({problem}); delete the directory to recompute")
+    return json.loads((Path(path) / "meta.json").read_text()), np.load(Path(path) / f"{kind}.npz")
+
+
+def save_moments(moments: ProbeMoments, out: Path) -> None:
+    meta = {**moments.meta, "n_layers": moments.n_layers, "dims": moments.dims,
+            "embedding_dims": moments.embedding_dims, "hidden_size": moments.hidden_size, "key": moments.key}
+    _write_entry(out, "probe-moments", moments.key, {a: getattr(moments, a) for a in _MOMENT_ARRAYS}, meta)
 
 
 def load_moments(path: Path) -> ProbeMoments:
-    problem = verify_directory(path)
-    if problem is not None:
-        raise StatsError(f"probe moments in {path} are damaged ({problem}); delete the directory to recompute")
-    meta = json.loads((Path(path) / "meta.json").read_text())
-    data = np.load(Path(path) / "moments.npz")
+    meta, data = _read_entry(path, "probe-moments")
     return ProbeMoments(int(meta["n_layers"]), int(meta["dims"]), int(meta["embedding_dims"]), int(meta["hidden_size"]),
                         **{a: data[a] for a in _MOMENT_ARRAYS}, key=meta["key"], meta=meta)
 
@@ -579,21 +590,14 @@ def probe_layer_sets(target: Any, k: int = 3, settings: ProbeSettings | None = N
 
 
 def save_result(result: ProbeResult, out: Path) -> None:
-    with atomic_directory(out, overwrite=True) as tmp:
-        np.savez(tmp / "scores.npz", layer_sets=result.layer_sets, r2=result.r2, r2_raw=result.r2_raw)
-        meta = {**result.meta, "key": result.key, "n_layers": result.n_layers, "k": result.k, "ridge": result.ridge,
-                "over": result.over, "top1": [[list(s), v] for s, v in result.top1.items()]}
-        (tmp / "meta.json").write_text(json.dumps(meta, indent=2, default=str))
-        write_rows_csv(tmp / "probe.csv", result.rows())
-        write_manifest(tmp, {"kind": "probe", "key": result.key}, hash_files=False)
+    meta = {**result.meta, "key": result.key, "n_layers": result.n_layers, "k": result.k, "ridge": result.ridge,
+            "over": result.over, "top1": [[list(s), v] for s, v in result.top1.items()]}
+    _write_entry(out, "probe", result.key, {"layer_sets": result.layer_sets, "r2": result.r2, "r2_raw": result.r2_raw},
+                 meta, result.rows())
 
 
 def load_result(path: Path) -> ProbeResult:
-    problem = verify_directory(path)
-    if problem is not None:
-        raise StatsError(f"probe scores in {path} are damaged ({problem}); delete the directory to recompute")
-    meta = json.loads((Path(path) / "meta.json").read_text())
-    data = np.load(Path(path) / "scores.npz")
+    meta, data = _read_entry(path, "probe")
     top1 = {tuple(s): float(v) for s, v in meta.pop("top1")}
     return ProbeResult(meta["key"], int(meta["n_layers"]), int(meta["k"]), float(meta["ridge"]), data["layer_sets"],
                        data["r2"], data["r2_raw"], meta["over"], top1, meta)
