@@ -82,6 +82,49 @@ def test_step0_loss_is_soft_cross_entropy_against_target_in_draft_vocab(smollm, 
     torch.testing.assert_close(res.loss, (ce * keep).sum() / keep.sum(), rtol=1e-5, atol=1e-6)
 
 
+def test_loss_read_out_on_counted_rows_equals_the_dense_loss_and_its_gradient(smollm, tiny_store):
+    """Training reads out only the positions its loss counts; a dense float64 reference over every
+    position (masked afterwards) gives the same loss, counts, accuracy and gradient at every step."""
+    b = tiny_store.batches(LAYERS, batch_tokens=4096)[0]  # padded rows included
+    head, th = _head(smollm, tiny_store)
+    emb = smollm.model.get_input_embeddings()
+    steps, w = 3, 0.8
+    res = ttt_forward(head, b, emb, th, steps, w)
+    res.loss.backward()
+    sparse_grad = {n: p.grad.clone() for n, p in head.named_parameters()}
+    head.zero_grad()
+    t_len = b["input_ids"].shape[1]
+    with torch.no_grad():
+        p = torch.softmax(th.logits(b["last_hidden"]).double(), -1)
+    predictable = b["attention_mask"] & b["loss_mask"]
+    in_vocab = head.t2d[b["target_argmax"]]
+    total = 0.0
+    for j, logits in enumerate(ttt_forward(head, b, emb, th, steps, w, keep_logits=True).logits):
+        n = t_len - 2 - j
+        count = predictable[:, 2 + j:] & in_vocab[:, 1 + j: 1 + j + n]
+        ce = -(p[:, 1 + j: 1 + j + n] * torch.log_softmax(logits.double(), -1)).sum(-1)
+        assert res.step_count[j] == count.sum()
+        torch.testing.assert_close(res.step_loss_sum[j], (ce * count).sum().detach(), rtol=1e-4, atol=1e-4)
+        right = (logits.argmax(-1) == p[:, 1 + j: 1 + j + n].argmax(-1)) & count
+        assert abs(float(res.step_correct[j]) - float(right.sum())) <= 1  # a near tie may break either way
+        total = total + w**j * (ce * count).sum() / count.sum()
+    # the dense pass again, with gradients (keep_logits detaches what it keeps)
+    dense = 0.0
+    from wavesurf.drafter.train import ttt_unroll
+    with torch.no_grad():
+        embeds = emb(b["input_ids"])
+    for j, out in ttt_unroll(head, b["features"], embeds, b["attention_mask"], steps):
+        n = t_len - 2 - j
+        count = predictable[:, 2 + j:] & in_vocab[:, 1 + j: 1 + j + n]
+        ce = -(p[:, 1 + j: 1 + j + n] * torch.log_softmax(out.logits[:, :n].double(), -1)).sum(-1)
+        dense = dense + w**j * (ce * count).sum() / count.sum()
+    torch.testing.assert_close(res.loss.double(), dense.detach(), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(torch.as_tensor(float(total)), torch.as_tensor(float(dense.detach())), rtol=1e-6, atol=1e-6)
+    dense.backward()
+    for name, param in head.named_parameters():
+        torch.testing.assert_close(sparse_grad[name].double(), param.grad.double(), rtol=1e-4, atol=1e-6)
+
+
 def test_training_learns_and_saves_a_loadable_head(smollm, tiny_store, tmp_cache, tmp_path):
     settings = TrainSettings(**{**FAST, "max_steps": 16, "log_every": 4})
     res = train_drafter(smollm, tiny_store, LAYERS, settings, tmp_path / "run", progress=False)

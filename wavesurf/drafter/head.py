@@ -254,7 +254,7 @@ class DraftStep:
     """Output of one draft step over T new positions."""
 
     hidden: torch.Tensor  # [B, T, H], pre-norm: the feature of the next draft step
-    logits: torch.Tensor  # [B, T, V_d], draft vocabulary
+    logits: torch.Tensor | None  # [B, T, V_d], draft vocabulary (None when not asked for)
     k: torch.Tensor  # [B, h_kv, T, hd], this step's keys (rotary applied): append to a cache
     v: torch.Tensor  # [B, h_kv, T, hd]
 
@@ -321,6 +321,7 @@ class DraftHead(nn.Module):
         mask: torch.Tensor,
         past_k: torch.Tensor | None = None,
         past_v: torch.Tensor | None = None,
+        with_logits: bool = True,
     ) -> DraftStep:
         """One draft step for T new positions.
 
@@ -328,6 +329,8 @@ class DraftHead(nn.Module):
         ``embeds`` [B, T, H]: target embedding of the token that follows each position;
         ``positions`` [B, T]: rotary positions; ``mask`` bool [B or 1, 1, T, S + T]: which of the
         ``S`` cached keys (``past_k``/``past_v`` [B, h_kv, S, hd]) and the T new keys each query sees.
+        ``with_logits=False`` leaves ``logits`` None: training reads out only the positions its loss
+        counts (:meth:`readout` on those rows) and skips the draft-vocabulary product elsewhere.
         """
         layer = self.midlayer
         x = torch.cat([layer.input_layernorm(embeds), layer.hidden_norm(hidden)], dim=-1)
@@ -336,7 +339,11 @@ class DraftHead(nn.Module):
         values = v if past_v is None else torch.cat([past_v, v], dim=2)
         h1 = hidden + layer.self_attn.attend(q, keys, values, mask)
         h2 = h1 + layer.mlp(layer.post_attention_layernorm(h1))
-        return DraftStep(h2, self.lm_head(self.norm(h2)), k, v)
+        return DraftStep(h2, self.readout(h2) if with_logits else None, k, v)
+
+    def readout(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Draft-vocabulary logits of pre-norm hidden states [..., H] -> [..., V_d]."""
+        return self.lm_head(self.norm(hidden))
 
     def n_trainable(self) -> int:
         return sum(p.numel() for p in self.parameters() if p.requires_grad)

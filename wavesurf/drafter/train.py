@@ -206,13 +206,15 @@ def ttt_masks(attention_mask: Any, steps: int) -> list[Any]:
     return [torch.cat([causal] + [eye] * j, dim=-1) for j in range(steps)]
 
 
-def ttt_unroll(head: DraftHead, features: Any, embeds: Any, attention_mask: Any, steps: int) -> Iterator[tuple[int, Any]]:
+def ttt_unroll(head: DraftHead, features: Any, embeds: Any, attention_mask: Any, steps: int,
+               with_logits: bool = True) -> Iterator[tuple[int, Any]]:
     """The unrolled draft steps that training and offline scoring share (one home, so the
     "exact offline tau" the speed table reports is the head training optimised): step j at
     position t reads the fused target features of t (step 0) or its own previous output, and the
     embedding of x_{t+1+j}; it attends to the real step-0 keys before it and to its own earlier
     steps at t (:func:`ttt_masks`). Yields ``(j, DraftStep)`` while step j has a position to
-    draft for; the caller reads the logits it needs."""
+    draft for; the caller reads the logits it needs (``with_logits=False``: none are computed, the
+    caller reads out the rows it needs with ``head.readout``)."""
     import torch
 
     b, t = attention_mask.shape
@@ -227,7 +229,7 @@ def ttt_unroll(head: DraftHead, features: Any, embeds: Any, attention_mask: Any,
         e[:, : t - 1 - j] = embeds[:, 1 + j:]
         if e.dtype != hidden.dtype and not torch.is_autocast_enabled(e.device.type):
             e = e.to(hidden.dtype)  # a head kept in another dtype than the target's embedding (scoring)
-        out = head.step(hidden, e, positions + j, masks[j], past_k, past_v)
+        out = head.step(hidden, e, positions + j, masks[j], past_k, past_v, with_logits=with_logits)
         yield j, out
         hidden = out.hidden
         past_k = out.k if past_k is None else torch.cat([past_k, out.k], dim=2)
@@ -264,30 +266,34 @@ def ttt_forward(
     b, t = ids.shape
     with torch.no_grad(), torch.autocast(ids.device.type, enabled=False):  # labels in float32 always
         embeds = embed(ids)
-        t_logits = target_head.logits(batch["last_hidden"])  # [B, T, V_d]
-        t_prob = torch.softmax(t_logits, dim=-1)
-        t_arg = t_logits.argmax(-1)
-        in_vocab = head.t2d[batch["target_argmax"]]  # full-vocab argmax is a draft token
-        predictable = attn & batch["loss_mask"]
+        # label position p (the target at p supervises draft step j at position t = p-1-j) counts iff
+        # x_{p+1} is a real assistant token and the target's full-vocabulary argmax at p is a draft token
+        in_vocab = head.t2d[batch["target_argmax"]]
+        counted = torch.zeros_like(attn)
+        counted[:, :-1] = (attn & batch["loss_mask"])[:, 1:] & in_vocab[:, :-1]
+        rows, label_pos = counted.nonzero(as_tuple=True)
+        t_prob = torch.softmax(target_head.logits(batch["last_hidden"][rows, label_pos]), dim=-1)  # [M, V_d]
+        # the draft id of the target's argmax (in the draft vocabulary there: the restricted argmax)
+        draft_index = torch.cumsum(head.t2d.long(), 0) - 1  # draft ids ascend with target ids
+        t_arg = draft_index[batch["target_argmax"][rows, label_pos]]
 
     total = embeds.new_zeros(())
     sums = torch.zeros(3, ttt_steps, dtype=torch.float64)
     kept_logits = []
-    for j, out in ttt_unroll(head, batch["features"], embeds, attn, ttt_steps):
+    for j, out in ttt_unroll(head, batch["features"], embeds, attn, ttt_steps, with_logits=keep_logits):
         n = t - 2 - j  # positions t with a token x_{t+2+j} to predict
         if n <= 0:
             break
-        logits = out.logits[:, :n]
-        count = predictable[:, 2 + j :] & in_vocab[:, 1 + j : 1 + j + n]
-        ce = -(t_prob[:, 1 + j : 1 + j + n] * F.log_softmax(logits.float(), dim=-1)).sum(-1)
-        w = count.to(ce.dtype)
-        n_count = w.sum()
-        total = total + step_weight**j * (ce * w).sum() / n_count.clamp(min=1.0)
+        here = label_pos >= 1 + j  # label positions with a draft position t = p-1-j >= 0
+        logits = head.readout(out.hidden[rows[here], label_pos[here] - 1 - j]).float()  # [M_j, V_d]
+        n_count = here.sum().to(logits.dtype)
+        ce = F.cross_entropy(logits, t_prob[here], reduction="sum")  # soft labels
+        total = total + step_weight**j * ce / n_count.clamp(min=1.0)
         with torch.no_grad():
-            correct = (logits.argmax(-1) == t_arg[:, 1 + j : 1 + j + n]) & count
-            sums[:, j] = torch.stack([(ce.detach() * w).sum(), correct.sum(), n_count]).double().cpu()
+            correct = (logits.argmax(-1) == t_arg[here]).sum()
+            sums[:, j] = torch.stack([ce.detach(), correct.to(ce.dtype), n_count]).double().cpu()
         if keep_logits:
-            kept_logits.append(logits.detach())
+            kept_logits.append(out.logits[:, :n].detach())
     return TTTOutput(total, sums[0], sums[1], sums[2], kept_logits if keep_logits else None)
 
 
