@@ -1,87 +1,156 @@
-"""Drafter training throughput (real tokens per second through the TTT loop, forward + backward +
-AdamW) for several unroll lengths and draft-vocabulary sizes, beside the throughput of building
-the feature store those tokens come from. Prints numbers and ratios measured in this one run.
+"""Drafter training throughput: real tokens per second through ``train_drafter`` (TTT unroll,
+forward + backward + AdamW), this checkout against a baseline commit, at the same settings, on
+the same feature store, alternating the two in rounds so that drift of the machine hits both.
 
-Threads: whatever the process is given (``WAVESURF_THREADS``, else all cores).
+    python benchmarks/train_throughput.py [--baseline-rev 111d6ab] [--threads 1,2] [--rounds 3]
+        [--configs default,f32-1024] [--steps 30] [--store-tokens 8192]
 
-    WAVESURF_THREADS=1 python benchmarks/train_throughput.py [--model smollm2-135m] [--store-tokens 6144]
-        [--batch-tokens 1024] [--steps 4] [--ttt 1,3,7] [--vocab 8192,32000]
+Each measurement is one fresh process (``--worker``) that loads the target, trains ``--steps``
+optimizer steps after ``--warmup`` untimed ones and prints its tokens/s; the baseline's process
+imports ``wavesurf`` from a temporary ``git worktree`` of ``--baseline-rev`` (removed afterwards).
+The ratio per round is this checkout's tokens/s over the baseline's; the result gives the median
+ratio and its range over rounds per configuration and thread count, written as JSON under
+``benchmarks/results/`` (host, threads, load, commit, date). Run it on a quiet machine.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
-import resource
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+ROOT = Path(__file__).resolve().parent.parent
+
+#: training settings measured: the default profile's heads, and the recipe before it (1,024-token
+#: float32 batches), both with the default profile's unroll, vocabulary and learning rate
+CONFIGS = {
+    "default": {"batch_tokens": 128, "precision": "bfloat16"},
+    "f32-1024": {"batch_tokens": 1024, "precision": "float32"},
+    "bf16-1024": {"batch_tokens": 1024, "precision": "bfloat16"},
+}
+COMMON = {"ttt_steps": 3, "draft_vocab_size": 4096, "lr": 1e-3, "warmup_steps": 10}
+
+
+def worker(args: argparse.Namespace) -> None:
+    """One measurement in this process: tokens/s over ``steps`` optimizer steps after ``warmup``."""
+    import torch
+
+    from wavesurf.drafter.features import FeatureStore
+    from wavesurf.drafter.train import TrainSettings, train_drafter
+    from wavesurf.models import configure_torch, load_target
+
+    configure_torch()
+    target = load_target(args.model)
+    store = FeatureStore(args.store)
+    layers = [int(x) for x in args.layers.split(",")]
+    # log_every=1: every step's record carries the real tokens so far (batches come in one seeded
+    # order, so both checkouts time the same batches)
+    settings = TrainSettings(**COMMON, **CONFIGS[args.config], max_steps=args.warmup + args.steps,
+                             checkpoint_every=10**6, log_every=1)
+    timed: dict[str, float] = {}
+
+    def clock(step: int, record: dict) -> None:
+        if step == args.warmup:
+            timed["t0"], timed["tok0"] = time.perf_counter(), record["tokens"]
+        timed["t1"], timed["tok1"] = time.perf_counter(), record["tokens"]
+
+    out = Path(tempfile.mkdtemp(prefix="wavesurf-train-bench-run-"))
+    try:
+        train_drafter(target, store, layers, settings, out / "head", progress=False, callback=clock)
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+    seconds = timed["t1"] - timed["t0"]
+    print(json.dumps({"tok_per_s": (timed["tok1"] - timed["tok0"]) / seconds, "ms_per_step": 1000 * seconds / args.steps,
+                      "threads": torch.get_num_threads()}))
+
+
+def run_worker(src: Path, args: argparse.Namespace, config: str, threads: int, store: Path) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(src), "WAVESURF_THREADS": str(threads)}
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--model", args.model, "--store", str(store),
+           "--layers", args.layers, "--config", config, "--steps", str(args.steps), "--warmup", str(args.warmup)]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=src)
+    if done.returncode != 0:
+        raise SystemExit(f"worker failed in {src}:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2-135m")
-    ap.add_argument("--layers", default="default", help="vLLM ids, e.g. 2,15,27 (default: [2, N//2, N-3])")
-    ap.add_argument("--store-tokens", type=int, default=6144)
-    ap.add_argument("--max-len", type=int, default=512)
-    ap.add_argument("--batch-tokens", type=int, default=1024)
-    ap.add_argument("--steps", type=int, default=4, help="optimizer steps timed per configuration (after one warm-up step)")
-    ap.add_argument("--ttt", default="1,3,7")
-    ap.add_argument("--vocab", default="8192,32000")
+    ap.add_argument("--layers", default="2,15,27", help="vLLM ids the heads read")
+    ap.add_argument("--baseline-rev", default="111d6ab", help="commit to compare with (before issue 30's speed-ups)")
+    ap.add_argument("--configs", default="default,f32-1024", help=f"among {', '.join(CONFIGS)}")
+    ap.add_argument("--threads", default="1,2")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=30, help="timed optimizer steps per measurement")
+    ap.add_argument("--warmup", type=int, default=3, help="untimed optimizer steps first")
+    ap.add_argument("--store-tokens", type=int, default=8192)
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--store", default="", help=argparse.SUPPRESS)
+    ap.add_argument("--config", default="default", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.worker:
+        worker(args)
+        return
+    configs = [c for c in args.configs.split(",") if c]
+    bad = [c for c in configs if c not in CONFIGS]
+    if bad:
+        raise SystemExit(f"--configs {bad}: not among {', '.join(CONFIGS)}")
+    threads = [int(t) for t in args.threads.split(",")]
+    sys.path.insert(0, str(ROOT))
+    from _common import write_result
 
-    import torch
+    from wavesurf.drafter.features import FeatureSettings, build_feature_store
+    from wavesurf.models import configure_torch, load_target
 
-    from wavesurf.drafter.features import build_feature_store
-    from wavesurf.drafter.train import TrainSettings, train_drafter
-    from wavesurf.models import configure_torch, load_target, processor_name
-
-    configure_torch()
-    target = load_target(args.model, device="cpu")
-    layers = target.default_layer_ids() if args.layers == "default" else [int(x) for x in args.layers.split(",")]
     work = Path(tempfile.mkdtemp(prefix="wavesurf-train-bench-"))
-    old_cache = os.environ.get("WAVESURF_CACHE")
+    tree = work / "baseline"
+    load_before = os.getloadavg()[0]
     try:
-        os.environ["WAVESURF_CACHE"] = str(work / "cache")  # vocab counts; the model is already loaded
-        t0 = time.perf_counter()
-        store = build_feature_store(target, path=work / "store", max_tokens=args.store_tokens, max_len=args.max_len,
-                                    batch_tokens=args.batch_tokens, layer_ids=layers, progress=False)
-        build_s = time.perf_counter() - t0
-        build_tps = store.tokens / build_s
+        subprocess.run(["git", "worktree", "add", "--detach", str(tree), args.baseline_rev], cwd=ROOT, check=True,
+                       capture_output=True)
+        configure_torch()
+        target = load_target(args.model)
+        layers = [int(x) for x in args.layers.split(",")]
+        # the target's own answers when cached (what the speed table trains on), else ShareGPT text
+        store = build_feature_store(target, FeatureSettings(dataset="sharegpt", split="train", max_len=512,
+                                                            max_tokens=args.store_tokens, layer_ids=layers),
+                                    path=work / "store", progress=False)
+        del target
         rows = []
-        for vocab in (int(v) for v in args.vocab.split(",")):
-            for ttt in (int(s) for s in args.ttt.split(",")):
-                settings = TrainSettings(ttt_steps=ttt, draft_vocab_size=vocab, batch_tokens=args.batch_tokens,
-                                         max_steps=args.steps + 1, warmup_steps=1, checkpoint_every=10**6,
-                                         log_every=1)
-                timed: dict[str, float] = {}
-
-                def clock(step: int, record: dict, timed=timed) -> None:
-                    if step == 1:  # warm-up step excluded
-                        timed["t0"], timed["tok0"] = time.perf_counter(), record["tokens"]
-                    timed["t1"], timed["tok1"] = time.perf_counter(), record["tokens"]
-
-                train_drafter(target, store, layers, settings, work / f"run-{ttt}-{vocab}", progress=False,
-                                    callback=clock)
-                tps = (timed["tok1"] - timed["tok0"]) / (timed["t1"] - timed["t0"])
-                rows.append({"ttt_steps": ttt, "draft_vocab": vocab, "train_tok_per_s": round(tps, 1),
-                             "train_over_store_build": round(tps / build_tps, 3),
-                             "ms_per_step": round(1000 * (timed["t1"] - timed["t0"]) / args.steps, 1)})
-                print(json.dumps(rows[-1]), flush=True)
-        print(json.dumps({
-            "model": target.name, "processor": processor_name(), "layers": layers, "threads": torch.get_num_threads(),
-            "store_tokens": store.tokens, "store_build_tok_per_s": round(build_tps, 1),
-            "store_bytes_per_token": round(store.bytes_per_token, 1), "batch_tokens": args.batch_tokens,
-            "timed_steps": args.steps, "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
-            "rows": rows}, indent=2))
+        for config in configs:
+            for t in threads:
+                for r in range(args.rounds):
+                    order = [("baseline", tree), ("current", ROOT)] if r % 2 == 0 else [("current", ROOT), ("baseline", tree)]
+                    got = {name: run_worker(src, args, config, t, store.path) for name, src in order}
+                    row = {"config": config, "threads": t, "round": r,
+                           "baseline_tok_per_s": round(got["baseline"]["tok_per_s"], 1),
+                           "current_tok_per_s": round(got["current"]["tok_per_s"], 1),
+                           "ratio": round(got["current"]["tok_per_s"] / got["baseline"]["tok_per_s"], 3)}
+                    rows.append(row)
+                    print(json.dumps(row), flush=True)
+        summary = []
+        for config in configs:
+            for t in threads:
+                mine = [r for r in rows if r["config"] == config and r["threads"] == t]
+                ratios = sorted(r["ratio"] for r in mine)
+                summary.append({"config": config, "threads": t, **CONFIGS[config], **COMMON,
+                                "baseline_tok_per_s": round(sorted(r["baseline_tok_per_s"] for r in mine)[len(mine) // 2], 1),
+                                "current_tok_per_s": round(sorted(r["current_tok_per_s"] for r in mine)[len(mine) // 2], 1),
+                                "ratio_median": ratios[len(ratios) // 2], "ratio_min": ratios[0], "ratio_max": ratios[-1]})
+        payload = {"baseline_rev": args.baseline_rev, "model": args.model, "layers": layers,
+                   "store_tokens": store.tokens, "steps": args.steps, "warmup": args.warmup, "rounds": args.rounds,
+                   "load_before": round(load_before, 2), "quiet": load_before < 0.5, "summary": summary, "rows": rows}
+        print(json.dumps(summary, indent=1))
+        print("written", write_result("train_throughput", payload))
     finally:
-        if old_cache is None:
-            os.environ.pop("WAVESURF_CACHE", None)
-        else:
-            os.environ["WAVESURF_CACHE"] = old_cache
+        subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT, capture_output=True)
         shutil.rmtree(work, ignore_errors=True)
 
 

@@ -80,7 +80,8 @@ def test_bad_settings_fail_before_model_work(smollm, gen_cache):
              ({"max_tokens": "100"}, BudgetError, r"max_tokens='100'"),
              ({"batch_size": 0}, DistillError, "batch_size=0"),
              ({"split": None}, DatasetError, "needs a split"),
-             ({"dataset": "sharegpt@smollm2-135m"}, DatasetError, "not of a generated one")]
+             ({"dataset": "sharegpt@smollm2-135m"}, DatasetError, "not of a generated one"),
+             ({"max_turns": 0}, DistillError, r"max_turns=0 must be a positive integer")]
     for override, exc, message in cases:
         with pytest.raises(exc, match=message):
             distill_corpus(smollm, **{"dataset": "sharegpt", "split": "heldout", **SMALL, **override})
@@ -276,3 +277,18 @@ def test_batched_answers_are_redecoded_only_in_float32(smollm):
     for dtype in (torch.bfloat16, torch.float16):
         half = type("HalfTarget", (), {"model": torch.nn.Linear(2, 2).to(dtype)})()
         assert distill.distill_tie_eps(half) == 0.0
+
+
+def test_max_turns_answers_only_the_first_turns(smollm, distilled, gen_cache):
+    """max_turns=1: one answer per conversation, the same first answers as the corpus of every turn
+    (the first round is the same batch of prompts), its own cache entry; and the prompt-count
+    check counts only the turns asked for."""
+    first = distill_corpus(smollm, "sharegpt", "heldout", **SMALL, max_turns=1)
+    assert first.info["key"] != distilled.info["key"]
+    assert all(e.meta["turns"] == 1 for e in first.examples)
+    assert len(first.examples) >= len(distilled.examples)  # the same budget spreads over more conversations
+    every = {e.id: e.meta["answer_token_ids"][0] for e in distilled.examples}
+    shared = [e for e in first.examples if e.id in every]
+    assert shared and all(e.meta["answer_token_ids"][0] == every[e.id] for e in shared)
+    with pytest.raises(BudgetError, match=r"has 80 user turns \(the first 1 of each conversation\)"):
+        distill_corpus(smollm, "mt-bench", None, **{**SMALL, "max_tokens": 10_000}, max_turns=1)

@@ -116,6 +116,10 @@ def test_speed_table_settings_reject_unknown_keys():
         with pytest.raises(WavesurfError, match=r"acceptance family_level=.* must be a number in \(0, 1\)"):
             SpeedTableSettings.from_profile({"acceptance": {"family_level": bad}})
     assert SpeedTableSettings.from_profile({"acceptance": {"family_level": 0.9}}).acceptance.family_level == 0.9
+    for bad in (0, 1.5, "1"):  # the held-out turns are checked with the rest before anything runs
+        with pytest.raises(WavesurfError, match=r"max_turns=.* must be a positive integer"):
+            SpeedTableSettings.from_profile({"distill": {"heldout_max_turns": bad}})
+    assert SpeedTableSettings.from_profile({"distill": {"heldout_max_turns": 1}}).distill.heldout_max_turns == 1
 
 
 #: the default profile's head-training fingerprint (seed 0) as computed before the speed table's

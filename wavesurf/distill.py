@@ -63,7 +63,7 @@ def _check_int(name: str, value: Any, minimum: int = 1) -> None:
 
 
 def check_settings(max_tokens: Any, max_len: Any, max_new_tokens: Any, temperature: Any, seed: Any,
-                   batch_size: Any, chunk_examples: Any) -> None:
+                   batch_size: Any, chunk_examples: Any, max_turns: Any = None) -> None:
     """Every setting checked before any corpus or model work."""
     if not is_int(max_tokens, 1):
         raise BudgetError(f"max_tokens={max_tokens!r} must be a positive integer (answer tokens wanted)")
@@ -72,6 +72,9 @@ def check_settings(max_tokens: Any, max_len: Any, max_new_tokens: Any, temperatu
     _check_int("batch_size", batch_size)
     _check_int("chunk_examples", chunk_examples)
     _check_int("seed", seed, 0)
+    if max_turns is not None and not is_int(max_turns, 1):
+        raise DistillError(f"max_turns={max_turns!r} must be a positive integer (user turns answered per "
+                           "conversation) or None for every turn")
     if isinstance(temperature, bool) or not isinstance(temperature, int | float) or not temperature >= 0 \
             or temperature == float("inf"):
         raise DistillError(f"temperature={temperature!r} must be a finite number >= 0 (0 = greedy, > 0 samples)")
@@ -220,15 +223,19 @@ class _Conv:
 
 def _distill_chunk(target: Any, examples: list[Example], *, max_len: int, max_new_tokens: int,
                    temperature: float, seed: int, batch_size: int, eos: set[int],
-                   on_tokens: Any = None) -> list[dict[str, Any]]:
-    """Answer every user turn of ``examples``, one turn of every conversation per round, batching
-    prompts of similar length; the records of the conversations that got at least one answer."""
+                   on_tokens: Any = None, max_turns: int | None = None) -> list[dict[str, Any]]:
+    """Answer every user turn of ``examples`` (the first ``max_turns`` of each, if set), one turn of
+    every conversation per round, batching prompts of similar length; the records of the
+    conversations that got at least one answer."""
     convs = [_Conv(e, [dict(m) for m in (e.messages or [])]) for e in examples if e.messages]
     stopped = {}  # conversation index -> why it stopped early
     while True:
         asks = []
         for ci, c in enumerate(convs):
             if c.done:
+                continue
+            if max_turns is not None and len(c.answers) >= max_turns:
+                c.done, stopped[ci] = True, "max_turns"
                 continue
             msgs = c.next_prompt()
             if msgs is None:
@@ -273,12 +280,15 @@ def _distill_chunk(target: Any, examples: list[Example], *, max_len: int, max_ne
 
 # ---------------------------------------------------------------------------------------------
 def distill_params(target: Any, dataset: str, split: str | None, split_seed: int, max_tokens: int,
-                   max_len: int, max_new_tokens: int, temperature: float, seed: int) -> dict[str, Any]:
-
-    return {"format": DISTILL_FORMAT, "wavesurf": __version__, "model": target.name, "source": target.source,
-            "chat_template": target.has_chat_template, "dataset": dataset, "split": split, "split_seed": split_seed,
-            "max_tokens": max_tokens, "max_len": max_len, "max_new_tokens": max_new_tokens,
-            "temperature": float(temperature), "seed": seed, "tie_eps": distill_tie_eps(target)}
+                   max_len: int, max_new_tokens: int, temperature: float, seed: int,
+                   max_turns: int | None = None) -> dict[str, Any]:
+    params = {"format": DISTILL_FORMAT, "wavesurf": __version__, "model": target.name, "source": target.source,
+              "chat_template": target.has_chat_template, "dataset": dataset, "split": split, "split_seed": split_seed,
+              "max_tokens": max_tokens, "max_len": max_len, "max_new_tokens": max_new_tokens,
+              "temperature": float(temperature), "seed": seed, "tie_eps": distill_tie_eps(target)}
+    if max_turns is not None:  # only when set: corpora of every turn keep their keys
+        params["max_turns"] = int(max_turns)
+    return params
 
 
 def corpus_dir(model_name: str, key: str) -> Path:
@@ -344,24 +354,28 @@ def distill_corpus(
     progress: bool = True,
     path: str | Path | None = None,
     on_chunk: Any = None,
+    max_turns: int | None = None,
 ) -> Corpus:
     """Generate (or return the cached) corpus of ``target``'s answers to the prompts of
     ``dataset``/``split``: at least ``max_tokens`` answer tokens, whole conversations in corpus
     order. ``split`` must be None for corpora without splits (everything but ShareGPT).
-    ``batch_size`` and ``chunk_examples`` change speed, not the result. ``on_chunk(index, tokens
-    so far)`` is called after each chunk file is on disk. See the module docstring."""
+    ``batch_size`` and ``chunk_examples`` change speed, not the result. ``max_turns`` answers only
+    the first user turns of each conversation (1: one answer per conversation, so a token budget
+    spreads over more independent conversations, the unit the acceptance intervals resample; and
+    every round of generation is a full batch). ``on_chunk(index, tokens so far)`` is called after
+    each chunk file is on disk. See the module docstring."""
     from tqdm.auto import tqdm
 
     from .drafter.decode import eos_ids
 
-    check_settings(max_tokens, max_len, max_new_tokens, temperature, seed, batch_size, chunk_examples)
+    check_settings(max_tokens, max_len, max_new_tokens, temperature, seed, batch_size, chunk_examples, max_turns)
     if not isinstance(dataset, str) or parse_generated_name(dataset) is not None:
         raise DatasetError(f"dataset={dataset!r}: distill reads the prompts of a plain corpus (sharegpt, mt-bench, "
                            "humaneval or a .jsonl path), not of a generated one")
     if dataset == "sharegpt" and split is None:
         raise DatasetError(f"dataset 'sharegpt' needs a split: one of {', '.join(SPLITS)}")
     params = distill_params(target, dataset, split, split_seed, max_tokens, max_len, max_new_tokens,
-                            temperature, seed)
+                            temperature, seed, max_turns)
     key = params_key(params)
     where = Path(path) if path is not None else corpus_dir(target.name, key)
     if read_manifest(where) is not None:
@@ -371,10 +385,12 @@ def distill_corpus(
                                f"({describe_differences(corpus.info['settings'], params)}); choose another path")
         return corpus
     source = load_corpus(dataset, split=split, seed=split_seed)
-    users = sum(1 for e in source.examples for m in (e.messages or []) if m["role"] == "user")
+    users = sum(min(max_turns or 10**9, sum(1 for m in (e.messages or []) if m["role"] == "user"))
+                for e in source.examples)
     if users * max_new_tokens < max_tokens:
         raise BudgetError(f"max_tokens={max_tokens:,} cannot be met: {source.name!r}"
-                          f"{f' split {split!r}' if split else ''} has {users:,} user turns, so at most "
+                          f"{f' split {split!r}' if split else ''} has {users:,} user turns"
+                          f"{f' (the first {max_turns} of each conversation)' if max_turns else ''}, so at most "
                           f"{users * max_new_tokens:,} tokens at max_new_tokens={max_new_tokens}; ask for fewer "
                           "or raise max_new_tokens")
     eos = eos_ids(target)
@@ -414,7 +430,7 @@ def distill_corpus(
                 break
             recs = _distill_chunk(target, source.examples[start : start + chunk_examples], max_len=max_len,
                                   max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
-                                  batch_size=batch_size, eos=eos, on_tokens=tick)
+                                  batch_size=batch_size, eos=eos, on_tokens=tick, max_turns=max_turns)
             write_text_atomic(where / _chunk_name(i), "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in recs))
             chunks.append({"file": _chunk_name(i), "examples": len(recs)})
             for r in recs:

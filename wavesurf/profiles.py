@@ -69,12 +69,16 @@ PROFILES: dict[str, dict[str, Any]] = {
             # Options from benchmarks/drafter_sweep.py (README "Drafter training options"): at this
             # budget lr 1e-3 beat 3e-4, 3 unrolled steps matched 4 at 1.5x the speed, a 4,096-id
             # vocabulary matched larger ones, init_lm_head=target was worse; 128-token batches in
-            # bfloat16 (281 optimizer steps instead of 35) gave +0.046 tau (+0.023 to +0.072) over
-            # 1,024-token float32 batches in the same training time on the Intel Xeon host (benchmarks/results/
-            # drafter_sweep-20261206T031748.json), and with 256-token batches the head beats the same head
-            # reading no layer (+0.034), which at 1,024 it did not.
-            "distill": {"train_tokens": 24_000, "heldout_tokens": 4_000, "max_new_tokens": 256, "max_len": 512,
-                        "chunk_examples": 16},
+            # bfloat16 gave +0.046 tau (+0.023 to +0.072) over 1,024-token float32 batches in the same
+            # training time on the Intel Xeon host (benchmarks/results/drafter_sweep-20261206T031748.json):
+            # a batch below one conversation's length holds one conversation, so ~86 optimizer steps per
+            # head instead of ~37; with 256-token batches (the same one conversation per step) the head beats
+            # the same head reading no layer (+0.034), which at 1,024 it did not.
+            # Held-out: the first answer of each held-out conversation only (heldout_max_turns 1), so the
+            # 15k held-out answer tokens come from ~60-80 conversations (the unit every interval resamples)
+            # and every round of their generation is a full batch.
+            "distill": {"train_tokens": 24_000, "heldout_tokens": 15_000, "heldout_max_turns": 1,
+                        "max_new_tokens": 256, "max_len": 512, "chunk_examples": 16},
             "features": {"max_len": 512, "batch_tokens": 4096},
             "train": {"train_tokens": 36_000, "ttt_steps": 3, "draft_vocab_size": 4096, "batch_tokens": 128,
                       "lr": 1e-3, "warmup_steps": 10, "checkpoint_every": 100, "precision": "bfloat16"},
@@ -85,8 +89,10 @@ PROFILES: dict[str, dict[str, Any]] = {
             # (what lookup drafts) start later in an answer
             "bench": {"n_prompts": 3, "max_new_tokens": 128, "mode": "auto", "draft_len": 4, "n_calibration": 2,
                       "lookup_ngram": 3},
+            # four random sets: the null each selected set is ranked in (two leave every percentile
+            # interval at 0-100%)
             "datasets": ["mt-bench", "humaneval"], "seeds": [0, 1],
-            "methods": ["entropy", "aggregate", "cka", "combined"], "n_random": 2,
+            "methods": ["entropy", "aggregate", "cka", "combined"], "n_random": 4,
             "curve_fractions": [0.25, 0.5],
         },
         # minutes per notebook of an empty-cache run on the 2-core reference machine (2026-12-04,

@@ -116,11 +116,14 @@ class DistillBudget:
     """The target's own greedy answers (:func:`wavesurf.distill.distill_corpus`) to ShareGPT prompts:
     ``train_tokens`` generated tokens of the training split for the drafters, ``heldout_tokens`` of
     the held-out split for offline acceptance, ``max_new_tokens`` per answer and ``max_len`` per
-    conversation; ``chunk_examples`` (conversations per cache chunk, which bounds how far generation
-    runs past the budget) and ``batch_size`` change speed, not the answers."""
+    conversation; ``heldout_max_turns`` answers only the first turns of each held-out conversation
+    (1: one answer each, so the held-out budget spreads over more conversations, the unit the
+    intervals resample; None: every turn); ``chunk_examples`` (conversations per cache chunk, which
+    bounds how far generation runs past the budget) and ``batch_size`` change speed, not the answers."""
 
     train_tokens: int = 60_000
     heldout_tokens: int = 20_000
+    heldout_max_turns: int | None = None
     max_new_tokens: int = 256
     max_len: int = 1024
     chunk_examples: int = DEFAULT_CHUNK_EXAMPLES
@@ -236,6 +239,11 @@ class SpeedTableSettings:
     def check(self) -> None:
         if not self.seeds:
             raise WavesurfError("the speed table needs at least one training seed")
+        from .distill import check_settings as check_distill
+
+        d = self.distill
+        for tokens, turns in ((d.train_tokens, None), (d.heldout_tokens, d.heldout_max_turns)):
+            check_distill(tokens, d.max_len, d.max_new_tokens, 0.0, 0, d.batch_size, d.chunk_examples, turns)
         self.acceptance.check()
         self.train.check()
         for f in self.curve_fractions:
@@ -485,16 +493,20 @@ def lookup_sentence(summary: Sequence[dict[str, Any]], info: dict[str, Any]) -> 
 
 def _train_and_score(target: Any, train_store: Any, held_store: Any, ids: list[int], train: TrainSettings,
                      seed: int, acceptance: AcceptanceSettings, name: str,
-                     progress: bool) -> tuple[Any, Any, Any, dict]:
-    from .drafter.acceptance import offline_acceptance
+                     progress: bool, with_lookup: bool = False) -> tuple[Any, Any, Any, dict, Any]:
+    """Train one head and score it alone and, ``with_lookup``, after n-gram lookup of the
+    acceptance settings' order too (one unroll of the head for both); the last item is that
+    second score or None."""
+    from .drafter.acceptance import offline_acceptances
     from .drafter.head import load_head
     from .drafter.train import train_drafter
 
     result = train_drafter(target, train_store, ids, replace(train, seed=seed), progress=progress)
     head, info = load_head(result.out_dir, target)
-    acc = offline_acceptance(target, head, held_store, max_draft_len=acceptance.max_draft_len,
-                             name=name, progress=progress)
-    return result, head, acc, info
+    orders = (0, acceptance.lookup_ngram) if with_lookup and acceptance.lookup_ngram else (0,)
+    scores = offline_acceptances(target, head, held_store, max_draft_len=acceptance.max_draft_len,
+                                 lookup_ngrams=orders, names=(name, f"{name}+lookup")[: len(orders)], progress=progress)
+    return result, head, scores[0], info, scores[1] if len(scores) > 1 else None
 
 
 def distilled_stores(target: Any, settings: SpeedTableSettings, layer_ids: Sequence[int], progress: bool = True):
@@ -505,10 +517,10 @@ def distilled_stores(target: Any, settings: SpeedTableSettings, layer_ids: Seque
 
     d = settings.distill
     stores, names = [], []
-    for split, budget in (("train", d.train_tokens), ("heldout", d.heldout_tokens)):
+    for split, budget, turns in (("train", d.train_tokens, None), ("heldout", d.heldout_tokens, d.heldout_max_turns)):
         corpus = distill_corpus(target, "sharegpt", split=split, max_tokens=budget, max_len=d.max_len,
                                 max_new_tokens=d.max_new_tokens, chunk_examples=d.chunk_examples,
-                                batch_size=d.batch_size, progress=progress)
+                                batch_size=d.batch_size, progress=progress, max_turns=turns)
         names.append(f"{corpus.name}#{corpus.info['key']}")  # this very entry, whatever its settings
         stores.append(build_feature_store(
             target, replace(settings.features, dataset=names[-1], split=split, max_tokens=None,
@@ -527,8 +539,7 @@ def run_speed_table(target: Any, sets: Sequence[LayerSet], settings: SpeedTableS
     Every corpus, store, drafter, score and timed run is cached under its own key, so an
     interrupted run resumes where it stopped and a re-run only reads the cache.
     """
-    from .drafter.acceptance import (bigram_acceptance, bootstrap_tau, build_bigram_table, lookup_acceptance,
-                                     offline_acceptance)
+    from .drafter.acceptance import bigram_acceptance, bootstrap_tau, build_bigram_table, lookup_acceptance
 
     settings = settings or SpeedTableSettings()
     settings.check()
@@ -545,14 +556,12 @@ def run_speed_table(target: Any, sets: Sequence[LayerSet], settings: SpeedTableS
     heads_by_seed: dict[str, list[Any]] = {}
     for s in sets:
         for seed in settings.seeds:
-            result, head, acc, info = _train_and_score(target, train_store, held_store, s.layer_ids, settings.train,
-                                                       seed, acc_cfg, f"{s.name}/seed{seed}", progress)
+            result, head, acc, info, both = _train_and_score(target, train_store, held_store, s.layer_ids,
+                                                             settings.train, seed, acc_cfg, f"{s.name}/seed{seed}",
+                                                             progress, with_lookup=True)
             runs.setdefault(s.name, []).append(acc)
             with_lookup = {}
-            if acc_cfg.lookup_ngram:
-                both = offline_acceptance(target, head, held_store, max_draft_len=acc_cfg.max_draft_len,
-                                          lookup_ngram=acc_cfg.lookup_ngram, name=f"{s.name}/seed{seed}+lookup",
-                                          progress=progress)
+            if both is not None:
                 lookup_runs_by_set.setdefault(s.name, []).append(both)
                 with_lookup = {f"lookup_tau_{k}": round(both.tau(k), 5) for k in both.draft_lens}
             heads.setdefault(s.name, result.out_dir)
@@ -579,7 +588,7 @@ def run_speed_table(target: Any, sets: Sequence[LayerSet], settings: SpeedTableS
     # the embedding-only control: the default set's head with every stream zeroed, same budget, data and seeds
     control_runs = []
     for seed in settings.seeds:
-        _, head, acc, _ = _train_and_score(target, train_store, held_store, default.layer_ids,
+        _, head, acc, _, _ = _train_and_score(target, train_store, held_store, default.layer_ids,
                                            replace(settings.train, embedding_only=True), seed, acc_cfg,
                                            f"{CONTROL}/seed{seed}", progress)
         control_runs.append(acc)
@@ -637,7 +646,7 @@ def run_speed_table(target: Any, sets: Sequence[LayerSet], settings: SpeedTableS
             s = by_name[name]
             for frac in sorted(settings.curve_fractions) + [1.0]:
                 train = replace(settings.train, train_tokens=max(1, int(budget * frac)))
-                res, _, acc, _ = _train_and_score(target, train_store, held_store, s.layer_ids, train,
+                res, _, acc, _, _ = _train_and_score(target, train_store, held_store, s.layer_ids, train,
                                                   settings.seeds[0], acc_cfg, f"{s.name}/curve{frac}", progress)
                 ci = bootstrap_tau([acc], d, n_boot=acc_cfg.n_boot, level=level)
                 result.curve.append({"layer_set": name, "layer_ids": " ".join(map(str, s.layer_ids)),

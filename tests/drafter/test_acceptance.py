@@ -20,6 +20,7 @@ from wavesurf.drafter.acceptance import (
     leading_hits,
     lookup_acceptance,
     offline_acceptance,
+    offline_acceptances,
     walk_chain,
 )
 
@@ -190,6 +191,21 @@ def test_offline_tau_equals_real_chain_decoding(smollm, greedy_store, tmp_cache)
     assert sum(drafted) > 0  # lookup proposed tokens (the answers repeat), and the walk counted them
     with pytest.raises(AcceptanceError, match="lookup_ngram=9"):
         offline_acceptance(smollm, head, greedy_store, lookup_ngram=9, progress=False)
+    # both scores from one unroll of the head equal the separate ones, and land under their cache keys
+    alone, first = offline_acceptances(smollm, head, greedy_store, max_draft_len=3, lookup_ngrams=(0, 3),
+                                       batch_tokens=1024, use_cache=False, progress=False)
+    for one, separate in ((alone, acc), (first, both)):
+        assert np.array_equal(one.committed, separate.committed) and np.array_equal(one.cycles, separate.cycles)
+        assert np.array_equal(one.step_hits, separate.step_hits)
+    fresh = offline_acceptances(smollm, head, greedy_store, max_draft_len=4, lookup_ngrams=(0, 2),
+                                batch_tokens=1024, progress=False)
+    for n, one in zip((0, 2), fresh):
+        again = offline_acceptance(smollm, head, greedy_store, max_draft_len=4, lookup_ngram=n, batch_tokens=1024,
+                                   progress=False)
+        assert again.info["seconds"] == one.info["seconds"]  # read back from the cache, not recomputed
+        assert np.array_equal(again.committed, one.committed)
+    with pytest.raises(AcceptanceError, match="2 names for 1 lookup"):
+        offline_acceptances(smollm, head, greedy_store, lookup_ngrams=(0,), names=("a", "b"), progress=False)
 
 
 def _decoded_tau(decoder, store, lookup_drafted=None) -> float:

@@ -12,21 +12,54 @@ from wavesurf.cli import main
 from wavesurf.drafter import DrafterError
 from wavesurf.drafter.features import TargetHead
 from wavesurf.drafter.head import DraftConfig, DraftHead, init_head, load_head
-from wavesurf.drafter.train import TrainSettings, train_drafter, ttt_forward, ttt_masks
+from wavesurf.drafter.train import TrainSettings, train_drafter, ttt_forward, ttt_unroll
 from wavesurf.errors import LayerIdError
 
 LAYERS = [2, 15, 27]
 FAST = dict(ttt_steps=2, draft_vocab_size=1024, batch_tokens=256, warmup_steps=1, lr=1e-3, log_every=2)
 
 
-def test_masks_are_causal_plus_same_position_diagonals():
-    attn = torch.tensor([[True, True, True, False]])
-    masks = ttt_masks(attn, 3)
-    assert [tuple(m.shape) for m in masks] == [(1, 1, 4, 4), (1, 1, 4, 8), (1, 1, 4, 12)]
-    # real queries never see the padded key; the padded query (dropped from the loss) sees keys <= itself
-    causal = torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 0], [1, 1, 1, 1]], dtype=torch.bool)
-    assert torch.equal(masks[0][0, 0], causal)
-    assert torch.equal(masks[2][0, 0], torch.cat([causal, torch.eye(4, dtype=torch.bool), torch.eye(4, dtype=torch.bool)], 1))
+def ttt_masks(attention_mask, steps):
+    """The reference: attention masks of the unrolled steps, mask j bool [B, 1, T, (j+1)T] over the
+    keys [step 0 | step 1 | ... | step j]: causal over real step-0 keys plus the same-position key
+    of each later step (EAGLE-3's training-time test)."""
+    b, t = attention_mask.shape
+    eye = torch.eye(t, dtype=torch.bool)[None, None].expand(b, 1, t, t)
+    causal = torch.ones(t, t, dtype=torch.bool).tril()[None, None] & attention_mask[:, None, None, :]
+    causal = causal | eye
+    return [torch.cat([causal] + [eye] * j, dim=-1) for j in range(steps)]
+
+
+def test_ttt_attention_equals_masked_attention_over_all_steps_keys(smollm, tiny_store):
+    """step_ttt (causal step-0 keys plus one score per later step) equals step() over the
+    concatenated keys with the reference masks, in float64, on the real positions of a
+    right-padded batch, at every unrolled step."""
+    b = tiny_store.batches(LAYERS, batch_tokens=4096)[0]
+    assert b["attention_mask"].sum(1).min() < b["input_ids"].shape[1]  # padded rows included
+    head, _ = _head(smollm, tiny_store)
+    head = head.double()
+    emb = smollm.model.get_input_embeddings()
+    attn = b["attention_mask"]
+    batch_size, t = attn.shape
+    steps = 4
+    masks = ttt_masks(attn, steps)
+    with torch.no_grad():
+        embeds = emb(b["input_ids"]).double()
+        fast = list(ttt_unroll(head, b["features"].double(), embeds, attn, steps))
+        hidden, past_k, past_v = head.fuse(b["features"].double()), None, None
+        positions = torch.arange(t)[None].expand(batch_size, t)
+        for j in range(steps):
+            e = torch.zeros_like(embeds)
+            e[:, : t - 1 - j] = embeds[:, 1 + j:]
+            ref = head.step(hidden, e, positions + j, masks[j], past_k, past_v)
+            got = fast[j][1]
+            for r in range(batch_size):
+                n = int(attn[r].sum())
+                torch.testing.assert_close(got.logits[r, :n], ref.logits[r, :n], rtol=1e-9, atol=1e-9)
+                torch.testing.assert_close(got.hidden[r, :n], ref.hidden[r, :n], rtol=1e-9, atol=1e-9)
+            hidden = ref.hidden
+            past_k = ref.k if past_k is None else torch.cat([past_k, ref.k], dim=2)
+            past_v = ref.v if past_v is None else torch.cat([past_v, ref.v], dim=2)
 
 
 def _head(smollm, store, vocab_size=512, seed=0):
@@ -110,7 +143,6 @@ def test_loss_read_out_on_counted_rows_equals_the_dense_loss_and_its_gradient(sm
         total = total + w**j * (ce * count).sum() / count.sum()
     # the dense pass again, with gradients (keep_logits detaches what it keeps)
     dense = 0.0
-    from wavesurf.drafter.train import ttt_unroll
     with torch.no_grad():
         embeds = emb(b["input_ids"])
     for j, out in ttt_unroll(head, b["features"], embeds, b["attention_mask"], steps):

@@ -257,42 +257,67 @@ def head_hits(head: DraftHead, batch: dict[str, Any], embed: Any, max_draft_len:
 
 def _scan(store: FeatureStore, layer_ids: Sequence[int], batch_tokens: int, hits_fn: Any, max_draft_len: int,
           progress: bool, desc: str) -> tuple[list[tuple[int, np.ndarray, int]], list[str], int]:
+    """Hits of one drafter on every continuation of ``store``: (segments, sequence ids, tokens cut)."""
+    (segments,), ids, cut = _scan_variants(store, layer_ids, batch_tokens, lambda batch: (hits_fn(batch),), 1,
+                                           progress, desc)
+    return segments, ids, cut
+
+
+def _scan_variants(store: FeatureStore, layer_ids: Sequence[int], batch_tokens: int, hits_fn: Any, n_variants: int,
+                   progress: bool, desc: str) -> tuple[list[list[tuple[int, np.ndarray, int]]], list[str], int]:
+    """:func:`_scan` for ``n_variants`` drafters whose hits one pass computes together (``hits_fn``
+    returns a tuple of [B, T, D] arrays): one segment list per variant."""
     from tqdm.auto import tqdm
 
     batches = store.batches(layer_ids, batch_tokens)
     seq_index = {(s.shard, s.start): i for i, s in enumerate(store.sequences)}
-    segments: list[tuple[int, np.ndarray, int]] = []
+    segments: list[list[tuple[int, np.ndarray, int]]] = [[] for _ in range(n_variants)]
     cut_total = 0
     for bi in tqdm(range(len(batches)), desc=desc, unit="batch", disable=not progress):
         batch = batches[bi]
-        hits = hits_fn(batch).numpy()
+        hits = [h.numpy() for h in hits_fn(batch)]
         for r, s in enumerate(batches.plan[batches.order[bi]]):
             n = s.length
             conts, cut = continuations(batch["loss_mask"][r, :n].numpy(), batch["input_ids"][r, :n].numpy(),
                                        batch["target_argmax"][r, :n].numpy(), seq_index[(s.shard, s.start)])
             cut_total += cut
             for c in conts:
-                segments.append((c.sequence, _hits_for(hits[r, :n], c), c.length))
+                for v in range(n_variants):
+                    segments[v].append((c.sequence, _hits_for(hits[v][r, :n], c), c.length))
     ids = [f"{store.path.name}/{i}" for i in range(len(store.sequences))]
     return segments, ids, cut_total
 
 
-def _cached(kind: str, params: dict[str, Any], compute: Any, use_cache: bool) -> Acceptance:
-
+def _cache_dir(kind: str, params: dict[str, Any]) -> Path:
     params = {"format": ACCEPTANCE_FORMAT, "wavesurf": __version__, "kind": kind, **params}
-    where = cache_root() / "drafter" / "acceptance" / f"{kind}-{params_key(params)}"
-    if use_cache and verify_directory(where) is None:
+    return cache_root() / "drafter" / "acceptance" / f"{kind}-{params_key(params)}"
+
+
+def _load_cached(kind: str, params: dict[str, Any]) -> Acceptance | None:
+    where = _cache_dir(kind, params)
+    if verify_directory(where) is None:
         try:
             return Acceptance.load(where)
         except (OSError, KeyError, ValueError, TypeError):
             pass
+    return None
+
+
+def _store_cached(kind: str, params: dict[str, Any], result: Acceptance) -> None:
+    full = {"format": ACCEPTANCE_FORMAT, "wavesurf": __version__, "kind": kind, **params}
+    with atomic_directory(_cache_dir(kind, params), overwrite=True) as tmp:
+        result.save(tmp)
+        write_manifest(tmp, full)
+
+
+def _cached(kind: str, params: dict[str, Any], compute: Any, use_cache: bool) -> Acceptance:
+    if use_cache and (found := _load_cached(kind, params)) is not None:
+        return found
     t0 = time.perf_counter()
     result: Acceptance = compute()
     result.info["seconds"] = round(time.perf_counter() - t0, 2)
     if use_cache:
-        with atomic_directory(where, overwrite=True) as tmp:
-            result.save(tmp)
-            write_manifest(tmp, params)
+        _store_cached(kind, params, result)
     return result
 
 
@@ -318,33 +343,73 @@ def offline_acceptance(
     answers), for draft lengths 1..``max_draft_len``; cached by the head's weights and the store.
     ``lookup_ngram > 0``: the chain's first tokens come from n-gram lookup where the context has a
     match (:func:`head_lookup_hits`), as ``SpeculativeDecoder(lookup_ngram=...)`` drafts."""
+    (result,) = offline_acceptances(target, head, store, max_draft_len=max_draft_len, lookup_ngrams=(lookup_ngram,),
+                                    batch_tokens=batch_tokens, names=(name,), use_cache=use_cache, progress=progress)
+    return result
+
+
+def offline_acceptances(
+    target: Any,
+    head: DraftHead,
+    store: FeatureStore,
+    *,
+    max_draft_len: int = DEFAULT_MAX_DRAFT_LEN,
+    lookup_ngrams: Sequence[int] = (0,),
+    batch_tokens: int = 4096,
+    names: Sequence[str] | None = None,
+    use_cache: bool = True,
+    progress: bool = True,
+) -> list[Acceptance]:
+    """:func:`offline_acceptance` of ``head`` alone (``0`` in ``lookup_ngrams``) and after n-gram
+    lookup of each other order, from one unroll of the head over the store (the head's own hits do
+    not depend on what drafts before it, :func:`head_lookup_hits`); each result is cached under the
+    key :func:`offline_acceptance` gives it, and only the missing ones are computed."""
     from ..bench import head_fingerprint
 
     max_draft_len = check_max_draft_len(max_draft_len)
-    check_lookup_ngram(lookup_ngram, error=AcceptanceError)
+    lookup_ngrams = list(lookup_ngrams)
+    for n in lookup_ngrams:
+        check_lookup_ngram(n, error=AcceptanceError)
+    names = list(names) if names is not None else [""] * len(lookup_ngrams)
+    if len(names) != len(lookup_ngrams):
+        raise AcceptanceError(f"{len(names)} names for {len(lookup_ngrams)} lookup orders {lookup_ngrams}")
     head.config.check_target(target)
     _check_store(store, target, head.config.layer_ids)
     head = head.to(target.device).eval()
     embed = target.model.get_input_embeddings()
     fp = head_fingerprint(head)
 
-    def hits_fn(batch: dict[str, Any]) -> Any:
-        batch = {k: v.to(target.device) for k, v in batch.items()}
-        if lookup_ngram:
-            return head_lookup_hits(head, batch, embed, max_draft_len, lookup_ngram)
-        return head_hits(head, batch, embed, max_draft_len)
+    def params_for(lookup_ngram: int) -> dict[str, Any]:
+        params = {"head": fp, "store": store.key, "max_draft_len": max_draft_len}
+        if lookup_ngram:  # only when set: the head-alone scores keep their cache keys
+            params["lookup_ngram"] = lookup_ngram
+        return params
 
-    def compute() -> Acceptance:
-        segments, ids, cut = _scan(store, head.config.layer_ids, batch_tokens, hits_fn, max_draft_len, progress,
-                                   f"acceptance {name or fp}")
-        extra = {"lookup_ngram": lookup_ngram} if lookup_ngram else {}
-        return acceptance_from_hits(name or fp, segments, ids, max_draft_len, cut,
-                                    {"head": fp, "layer_ids": list(head.config.layer_ids), "store": store.key, **extra})
+    results: list[Acceptance | None] = [_load_cached("head", params_for(n)) if use_cache else None
+                                        for n in lookup_ngrams]
+    todo = [i for i, r in enumerate(results) if r is None]
+    if todo:
+        orders = [lookup_ngrams[i] for i in todo]
 
-    params = {"head": fp, "store": store.key, "max_draft_len": max_draft_len}
-    if lookup_ngram:  # only when set: the head-alone scores keep their cache keys
-        params["lookup_ngram"] = lookup_ngram
-    return _cached("head", params, compute, use_cache)
+        def hits_fn(batch: dict[str, Any]) -> tuple[Any, ...]:
+            alone = head_hits(head, {k: v.to(target.device) for k, v in batch.items()}, embed, max_draft_len)
+            return tuple(lookup_first(alone, batch, max_draft_len, n) if n else alone for n in orders)
+
+        t0 = time.perf_counter()
+        label = names[todo[0]] or fp
+        segments, ids, cut = _scan_variants(store, head.config.layer_ids, batch_tokens, hits_fn, len(todo), progress,
+                                            f"acceptance {label}")
+        seconds = round(time.perf_counter() - t0, 2)
+        for v, i in enumerate(todo):
+            n = lookup_ngrams[i]
+            extra = {"lookup_ngram": n} if n else {}
+            result = acceptance_from_hits(names[i] or fp, segments[v], ids, max_draft_len, cut,
+                                          {"head": fp, "layer_ids": list(head.config.layer_ids), "store": store.key,
+                                           **extra, "seconds": seconds})
+            if use_cache:
+                _store_cached("head", params_for(n), result)
+            results[i] = result
+    return [r for r in results if r is not None]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -469,11 +534,16 @@ def head_lookup_hits(head: DraftHead, batch: dict[str, Any], embed: Any, max_dra
     token where lookup proposed one, else the head's. Exact because while every earlier draft was
     right the head's step j reads the same inputs whichever drafter proposed those tokens (the true
     tokens' embeddings and its own earlier hidden states)."""
+    return lookup_first(head_hits(head, batch, embed, max_draft_len), {k: v.cpu() for k, v in batch.items()},
+                        max_draft_len, lookup_ngram)
+
+
+def lookup_first(head_part: Any, batch: dict[str, Any], max_draft_len: int, lookup_ngram: int) -> Any:
+    """The head's hits [B, T, D] with n-gram lookup drafting first: lookup's hit where it proposed a
+    token, the head's elsewhere (see :func:`head_lookup_hits`)."""
     import torch
 
-    head_part = head_hits(head, batch, embed, max_draft_len)
-    lookup_part, available = lookup_hits({k: v.cpu() for k, v in batch.items()}, max_draft_len, lookup_ngram,
-                                         with_available=True)
+    lookup_part, available = lookup_hits(batch, max_draft_len, lookup_ngram, with_available=True)
     return torch.where(available, lookup_part, head_part)
 
 
@@ -582,4 +652,4 @@ def bootstrap_tau(runs: Sequence[Acceptance], draft_len: int, *, baseline: Seque
 
 
 __all__ = ["Acceptance", "AcceptanceError", "BigramTable", "acceptance_intervals", "acceptance_null_percentiles", "bigram_acceptance", "bootstrap_tau", "build_bigram_table",
-           "continuations", "count_bigrams", "head_hits", "head_lookup_hits", "lookup_acceptance", "lookup_hits", "leading_hits", "offline_acceptance", "walk_chain"]
+           "continuations", "count_bigrams", "head_hits", "head_lookup_hits", "offline_acceptances", "lookup_acceptance", "lookup_hits", "leading_hits", "offline_acceptance", "walk_chain"]

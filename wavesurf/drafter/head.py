@@ -216,16 +216,41 @@ class Attention(nn.Module):
         v = self.v_proj(x).view(b, t, c.num_key_value_heads, c.head_dim).transpose(1, 2)
         return rope(q, positions, c.rope_theta), rope(k, positions, c.rope_theta), v
 
+    def _per_head(self, x: torch.Tensor) -> torch.Tensor:
+        """k or v [B, h_kv, S, hd] repeated to the query heads (grouped-query attention)."""
+        rep = self.c.num_attention_heads // self.c.num_key_value_heads
+        return x.repeat_interleave(rep, dim=1) if rep > 1 else x
+
+    def _out(self, out: torch.Tensor) -> torch.Tensor:
+        b, _, t, _ = out.shape
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, self.c.num_attention_heads * self.c.head_dim))
+
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """Attention of q [B, h, T, hd] over k/v [B, h_kv, S, hd]; ``mask`` bool [B or 1, 1, T, S],
         True where a query may see a key. Returns [B, T, H]."""
-        c = self.c
-        rep = c.num_attention_heads // c.num_key_value_heads
-        if rep > 1:
-            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-        b, _, t, _ = q.shape
-        return self.o_proj(out.transpose(1, 2).reshape(b, t, c.num_attention_heads * c.head_dim))
+        return self._out(F.scaled_dot_product_attention(q, self._per_head(k), self._per_head(v), attn_mask=mask))
+
+    def attend_ttt(self, q: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor]) -> torch.Tensor:
+        """The attention of training-time-test step j = len(keys) - 1 (EAGLE-3's unrolled draft
+        steps): query t sees step 0's keys at positions <= t (causal) and each later step's key at
+        t only. ``keys``/``values``: [B, h_kv, T, hd] per step, step 0 first. Equal to :meth:`attend`
+        over the concatenated keys with the causal-plus-diagonals mask, without the masked-out
+        (j+1)T x T blocks: the diagonal keys are one score per position. Right-padded batches need no
+        padding mask (a real query's causal keys are real). Softmax in float32 at least. Returns [B, T, H]."""
+        t = q.shape[2]
+        scale = self.c.head_dim ** -0.5
+        scores = (q @ self._per_head(keys[0]).transpose(-1, -2)) * scale  # [B, h, T, T]
+        causal = torch.ones(t, t, dtype=torch.bool, device=q.device).tril()
+        scores = scores.masked_fill(~causal, float("-inf"))
+        if len(keys) > 1:
+            diagonal = torch.stack([(q * self._per_head(k)).sum(-1) for k in keys[1:]], dim=-1) * scale  # [B, h, T, j]
+            scores = torch.cat([scores, diagonal.to(scores.dtype)], dim=-1)
+        wide = torch.promote_types(scores.dtype, torch.float32)  # at least float32
+        probs = torch.softmax(scores, dim=-1, dtype=wide).to(q.dtype)
+        out = probs[..., :t] @ self._per_head(values[0])
+        for i, v in enumerate(values[1:]):
+            out = out + probs[..., t + i, None] * self._per_head(v)
+        return self._out(out)
 
 
 class MLP(nn.Module):
@@ -332,12 +357,29 @@ class DraftHead(nn.Module):
         ``with_logits=False`` leaves ``logits`` None: training reads out only the positions its loss
         counts (:meth:`readout` on those rows) and skips the draft-vocabulary product elsewhere.
         """
+        def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            keys = k if past_k is None else torch.cat([past_k, k], dim=2)
+            values = v if past_v is None else torch.cat([past_v, v], dim=2)
+            return self.midlayer.self_attn.attend(q, keys, values, mask)
+
+        return self._block(hidden, embeds, positions, attend, with_logits)
+
+    def step_ttt(self, hidden: torch.Tensor, embeds: torch.Tensor, positions: torch.Tensor,
+                 keys: list[torch.Tensor], values: list[torch.Tensor], with_logits: bool = True) -> DraftStep:
+        """Training-time-test step j = len(keys) over every position at once: :meth:`step` with the
+        causal-plus-diagonals mask, computed by :meth:`Attention.attend_ttt`. ``keys``/``values``:
+        the keys of steps 0..j-1 (empty for step 0); this step's own are appended."""
+        def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            return self.midlayer.self_attn.attend_ttt(q, [*keys, k], [*values, v])
+
+        return self._block(hidden, embeds, positions, attend, with_logits)
+
+    def _block(self, hidden: torch.Tensor, embeds: torch.Tensor, positions: torch.Tensor, attend: Any,
+               with_logits: bool) -> DraftStep:
         layer = self.midlayer
         x = torch.cat([layer.input_layernorm(embeds), layer.hidden_norm(hidden)], dim=-1)
         q, k, v = layer.self_attn.project(x, positions)
-        keys = k if past_k is None else torch.cat([past_k, k], dim=2)
-        values = v if past_v is None else torch.cat([past_v, v], dim=2)
-        h1 = hidden + layer.self_attn.attend(q, keys, values, mask)
+        h1 = hidden + attend(q, k, v)
         h2 = h1 + layer.mlp(layer.post_attention_layernorm(h1))
         return DraftStep(h2, self.readout(h2) if with_logits else None, k, v)
 

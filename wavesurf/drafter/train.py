@@ -192,36 +192,23 @@ class TrainResult:
 
 # ---------------------------------------------------------------------------------------------
 # training-time test
-def ttt_masks(attention_mask: Any, steps: int) -> list[Any]:
-    """Attention masks of the unrolled steps: mask j is bool [B, 1, T, (j+1)T] over the keys
-    ``[step 0 | step 1 | ... | step j]``: causal over real step-0 keys plus the same-position key of
-    each later step. Every query keeps at least its own key, so padding rows never become NaN."""
-    import torch
-
-    b, t = attention_mask.shape
-    dev = attention_mask.device
-    eye = torch.eye(t, dtype=torch.bool, device=dev)[None, None].expand(b, 1, t, t)
-    causal = torch.ones(t, t, dtype=torch.bool, device=dev).tril()[None, None] & attention_mask[:, None, None, :]
-    causal = causal | eye
-    return [torch.cat([causal] + [eye] * j, dim=-1) for j in range(steps)]
-
-
 def ttt_unroll(head: DraftHead, features: Any, embeds: Any, attention_mask: Any, steps: int,
                with_logits: bool = True) -> Iterator[tuple[int, Any]]:
     """The unrolled draft steps that training and offline scoring share (one home, so the
     "exact offline tau" the speed table reports is the head training optimised): step j at
     position t reads the fused target features of t (step 0) or its own previous output, and the
-    embedding of x_{t+1+j}; it attends to the real step-0 keys before it and to its own earlier
-    steps at t (:func:`ttt_masks`). Yields ``(j, DraftStep)`` while step j has a position to
+    embedding of x_{t+1+j}; it attends to the step-0 keys at and before t and to its own earlier
+    steps at t (:meth:`~wavesurf.drafter.head.DraftHead.step_ttt`; batches are right-padded, so a
+    real position never sees a padded one). Yields ``(j, DraftStep)`` while step j has a position to
     draft for; the caller reads the logits it needs (``with_logits=False``: none are computed, the
     caller reads out the rows it needs with ``head.readout``)."""
     import torch
 
     b, t = attention_mask.shape
-    masks = ttt_masks(attention_mask, steps)
     positions = torch.arange(t, device=attention_mask.device)[None].expand(b, t)
     hidden = head.fuse(features)
-    past_k = past_v = None
+    keys: list[Any] = []
+    values: list[Any] = []
     for j in range(steps):
         if t - 1 - j <= 0:
             return
@@ -229,11 +216,11 @@ def ttt_unroll(head: DraftHead, features: Any, embeds: Any, attention_mask: Any,
         e[:, : t - 1 - j] = embeds[:, 1 + j:]
         if e.dtype != hidden.dtype and not torch.is_autocast_enabled(e.device.type):
             e = e.to(hidden.dtype)  # a head kept in another dtype than the target's embedding (scoring)
-        out = head.step(hidden, e, positions + j, masks[j], past_k, past_v, with_logits=with_logits)
+        out = head.step_ttt(hidden, e, positions + j, keys, values, with_logits=with_logits)
         yield j, out
         hidden = out.hidden
-        past_k = out.k if past_k is None else torch.cat([past_k, out.k], dim=2)
-        past_v = out.v if past_v is None else torch.cat([past_v, out.v], dim=2)
+        keys.append(out.k)
+        values.append(out.v)
 
 
 @dataclass
@@ -628,4 +615,4 @@ def train_from_features(target: Any, features: Any, layer_ids: Sequence[int], se
     return result, store, state
 
 
-__all__ = ["TrainSettings", "TrainResult", "train_drafter", "train_from_features", "ttt_forward", "ttt_masks", "lr_lambda", "SCHEDULES", "PRECISIONS"]
+__all__ = ["TrainSettings", "TrainResult", "train_drafter", "train_from_features", "ttt_forward", "lr_lambda", "SCHEDULES", "PRECISIONS"]
