@@ -588,6 +588,16 @@ def _check_runs(groups: Sequence[Sequence[Acceptance]], draft_len: int) -> None:
                 raise AcceptanceError(f"draft_len={draft_len} is not one run {r.name!r} scored (1..{r.max_draft_len})")
 
 
+def acceptance_arrays(groups: Sequence[Sequence[Acceptance]], draft_len: int) -> tuple[np.ndarray, np.ndarray]:
+    """Committed tokens and cycles per drafter, seed and held-out sequence at ``draft_len``, int
+    ``[G, K, S]`` each (``groups``: one list of runs per drafter, one run per seed, checked to be
+    paired: the same seeds count and continuations)."""
+    _check_runs(groups, draft_len)
+    committed = np.stack([np.stack([r.committed[:, draft_len - 1] for r in g]) for g in groups])
+    cycles = np.stack([np.stack([r.cycles[:, draft_len - 1] for r in g]) for g in groups])
+    return committed, cycles
+
+
 def acceptance_intervals(groups: Sequence[Sequence[Acceptance]], draft_len: int, *, reference: int | None = None,
                          family: Sequence[int] = (), level: float = 0.95, family_level: float | None = None,
                          n_boot: int = 2000, seed: int = 0, pool_seeds: bool = True) -> TauIntervals:
@@ -596,9 +606,7 @@ def acceptance_intervals(groups: Sequence[Sequence[Acceptance]], draft_len: int,
     held-out sequences and training seeds (:func:`wavesurf.drafter.intervals.tau_intervals`:
     differences against ``reference``, simultaneous ones for ``family``). A deterministic drafter
     (a floor) is passed as the same run repeated once per seed."""
-    _check_runs(groups, draft_len)
-    committed = np.stack([np.stack([r.committed[:, draft_len - 1] for r in g]) for g in groups])
-    cycles = np.stack([np.stack([r.cycles[:, draft_len - 1] for r in g]) for g in groups])
+    committed, cycles = acceptance_arrays(groups, draft_len)
     return tau_intervals(committed, cycles, reference=reference, family=family, level=level,
                          family_level=family_level, n_boot=n_boot, seed=seed, pool_seeds=pool_seeds)
 
@@ -610,9 +618,7 @@ def acceptance_null_percentiles(groups: Sequence[Sequence[Acceptance]], draft_le
     with two-level intervals (:func:`wavesurf.drafter.intervals.null_percentiles`)."""
     from .intervals import null_percentiles
 
-    _check_runs(groups, draft_len)
-    committed = np.stack([np.stack([r.committed[:, draft_len - 1] for r in g]) for g in groups])
-    cycles = np.stack([np.stack([r.cycles[:, draft_len - 1] for r in g]) for g in groups])
+    committed, cycles = acceptance_arrays(groups, draft_len)
     return null_percentiles(committed, cycles, subjects, null, level=level, n_boot=n_boot, seed=seed)
 
 
@@ -651,5 +657,5 @@ def bootstrap_tau(runs: Sequence[Acceptance], draft_len: int, *, baseline: Seque
     return out
 
 
-__all__ = ["Acceptance", "AcceptanceError", "BigramTable", "acceptance_intervals", "acceptance_null_percentiles", "bigram_acceptance", "bootstrap_tau", "build_bigram_table",
+__all__ = ["Acceptance", "AcceptanceError", "BigramTable", "acceptance_arrays", "acceptance_intervals", "acceptance_null_percentiles", "bigram_acceptance", "bootstrap_tau", "build_bigram_table",
            "continuations", "count_bigrams", "head_hits", "head_lookup_hits", "offline_acceptances", "lookup_acceptance", "lookup_hits", "leading_hits", "offline_acceptance", "walk_chain"]

@@ -222,6 +222,19 @@ def _replicates(c: np.ndarray, n: np.ndarray, n_boot: int, seed: int) -> tuple[n
     return seq_rep, rep, per_seed
 
 
+def tau_replicates(committed: Any, cycles: Any, *, n_boot: int = 2000, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """The two-level replicates of τ (sequences and seeds resampled together, the module docstring)
+    of ``G`` drafters, ``committed``/``cycles`` ``[G, K, S]``: replicates ``[n_boot, G]`` (one
+    resampling shared by every drafter, so they stay paired) and the full-sample τ per seed ``[G, K]``."""
+    c, n = np.asarray(committed, dtype=np.float64), np.asarray(cycles, dtype=np.float64)
+    if c.ndim != 3 or c.shape != n.shape:
+        raise AcceptanceError(f"committed and cycles must both be [drafters, seeds, sequences], got {c.shape} and {n.shape}")
+    if c.shape[2] < 2:
+        raise AcceptanceError(f"intervals need at least 2 held-out sequences, got {c.shape[2]}")
+    _, rep, per_seed = _replicates(c, n, n_boot, seed)
+    return rep, per_seed
+
+
 def null_percentiles(committed: Any, cycles: Any, subjects: Sequence[int], null: Sequence[int], *,
                      level: float = 0.95, n_boot: int = 2000, seed: int = 0) -> list[dict[str, float]]:
     """Where each drafter of ``subjects`` falls among the drafters of ``null`` (random layer sets):
@@ -370,4 +383,4 @@ def max_t(replicates: np.ndarray, estimate: np.ndarray, df: np.ndarray,
     return crit, alpha_pc, per
 
 
-__all__ = ["TauIntervals", "basis", "check_level", "max_t", "satterthwaite", "t_critical", "tau_intervals"]
+__all__ = ["TauIntervals", "basis", "check_level", "max_t", "satterthwaite", "t_critical", "tau_intervals", "tau_replicates"]
