@@ -50,7 +50,7 @@ DEFAULT_MAX_NEW_TOKENS = 256
 DEFAULT_BATCH_SIZE = 16
 DEFAULT_CHUNK_EXAMPLES = 32
 #: top-2 logit gap below which a batched greedy answer is re-decoded at batch 1 (the largest
-#: batched-vs-batch-1 logit difference measured on SmolLM2 is far below this, see the README)
+#: batched-vs-batch-1 logit difference measured on SmolLM2 is far below this, see the README of commit 111d6ab and benchmarks/distill_throughput.py)
 TIE_EPS = 1e-3
 #: the row count packed weights are chosen and reordered for (a full batch at the default size)
 PACKED_ROWS = DEFAULT_BATCH_SIZE

@@ -66,7 +66,7 @@ PROFILES: dict[str, dict[str, Any]] = {
             # wavesurf.speed_table.SpeedTableSettings. The target's own greedy answers (distilled once,
             # ~33 tok/s batched on 2 cores) train every head; every set x seed gets the same budget
             # (~1 pass over the 34k-token store, ~35 s per head at ~1,060 tok/s with 3 unrolled steps).
-            # Options from benchmarks/drafter_sweep.py (README "Drafter training options"): at this
+            # Options from benchmarks/drafter_sweep.py (results in benchmarks/results/drafter_sweep-*.json; the sweep tables before them are in the README of commit 111d6ab): at this
             # budget lr 1e-3 beat 3e-4, 3 unrolled steps matched 4 at 1.5x the speed, a 4,096-id
             # vocabulary matched larger ones, init_lm_head=target was worse; 128-token batches in
             # bfloat16 gave +0.046 tau (+0.023 to +0.072) over 1,024-token float32 batches in the same
@@ -104,9 +104,9 @@ PROFILES: dict[str, dict[str, Any]] = {
     },
     "long": {
         # two seeds per set at 160k tokens per head (bfloat16, ~111 s each at ~1,440 tok/s on the 2-core AMD
-        # EPYC host): 1 h 40 min in all there from a fresh clone with an empty cache (README "The long
+        # EPYC host): 1 h 40 min in all there from a fresh clone with an empty cache (the README of commit 111d6ab, "The long
         # profile"); one seed at 240k took ~1 h 30 min.
-        # float32 heads train 1.44x slower at the same held-out tau (benchmarks/drafter_sweep.py, README
+        # float32 heads train 1.44x slower at the same held-out tau (benchmarks/drafter_sweep.py, the README of commit 111d6ab
         # "Drafter training options")
         "description": "the default analysis with drafters trained on 4.4x the tokens per head (in bfloat16), from 3x "
                        "more of the target's answers, two seeds (under 2 hours on a 2-core CPU)",

@@ -234,7 +234,7 @@ def test_near_tie_replay_reproduces_hf(smollm, prompts):
 
 def test_near_tie_threshold_follows_the_target_dtype(smollm):
     """float32 replays near ties; half precision (bfloat16/float16 on a GPU) does not: its logits
-    tie exactly and the replay cannot reproduce GPU kernels (measured on an H200, see README)."""
+    tie exactly and the replay cannot reproduce GPU kernels (measured on an H200, see the README of commit 111d6ab)."""
     assert default_tie_eps(smollm) == DEFAULT_TIE_EPS
     assert SpeculativeDecoder(smollm, untrained(smollm)).tie_eps == DEFAULT_TIE_EPS
     assert SpeculativeDecoder(smollm, untrained(smollm), tie_eps=0).tie_eps == 0.0
