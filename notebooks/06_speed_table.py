@@ -278,3 +278,49 @@ glue("limitations", " ".join([
 # sits on the learning curve; a curve still rising at the right edge means longer training would
 # raise every set, and possibly change their order.
 # ```
+
+# %% tags=["hide-input"]
+# Which criterion predicts a good drafter? Every criterion on the statistics selection reads, for
+# every trained layer set, against the heads' tau (rank correlation; sets, sequences and seeds resampled)
+import numpy as np
+
+from wavesurf.criteria import criteria_sentence, criteria_vs_tau, set_criteria
+from wavesurf.select import all_subsets
+
+stats = paper.profile_stats(target, P, ["selection"], progress=False)["selection"]
+trained = [s for s in sets if s.name in table.runs]
+criteria = [set_criteria(stats, s.layer_ids) for s in trained]
+criteria_rows = criteria_vs_tau(criteria, [table.runs[s.name] for s in trained], table.info["draft_len"],
+                                level=table.info["level"], n_boot=settings.acceptance.n_boot, seed=seed)
+paper.write_csv(criteria_rows, "tables/06_criteria.csv")
+paper.write_csv([{"layer_set": s.name, "layer_ids": " ".join(map(str, s.layer_ids)), "tau": table.row(s.name)["tau"],
+                  **{k: round(v, 5) for k, v in c.items()}} for s, c in zip(trained, criteria)],
+                "tables/06_criteria_by_set.csv")
+glue("criteria_sentence", criteria_sentence(criteria_rows, table.info["level"]), display=False)
+k = len(trained[0].layer_ids)
+every = all_subsets(range(1, target.n_layers + 1), k)
+fig, ax = plt.subplots(figsize=(6.2, 4.2))
+plots.plot_set_landscape(
+    np.column_stack([stats.redundancy2(every), stats.aggregate_entropy2(every)]),
+    [(s.name, c["redundancy2"], c["aggregate_entropy2"], float(table.row(s.name)["tau"])) for s, c in zip(trained, criteria)],
+    ax=ax)
+fig.tight_layout()
+plots.save_figure(fig, "figures/06_criteria.png")
+glue("fig_criteria", fig, display=False)
+plt.close(fig)
+
+# %% [markdown]
+# **Which criterion predicts a good drafter?** The paper's recipe is useful only if a statistic of
+# the hidden states ranks layer sets the way trained drafters rank them. Each criterion (mean
+# matrix entropy, aggregate entropy, redundancy, mean pairwise CKA; on the statistics selection
+# reads) is evaluated on every layer set this table trained and correlated with those sets' τ
+# ({download}`tables/06_criteria.csv`, per set {download}`tables/06_criteria_by_set.csv`).
+# {glue:text}`criteria_sentence` A correlation over a dozen sets is rough whatever its sign,
+# and while the heads sit near their floors (above) the τ it ranks is mostly noise.
+#
+# ```{glue:figure} fig_criteria
+# Every layer set of this size placed by its redundancy (x) and aggregate entropy (y, both α = 2,
+# nats); the trained sets on top, coloured by their heads' offline τ. **What to see:** whether the
+# sets with the highest τ sit where the criteria would look (high aggregate entropy, low
+# redundancy), or anywhere.
+# ```

@@ -333,3 +333,30 @@ def plot_tau_curve(curve: Sequence[dict[str, Any]], ax: Any = None) -> Any:
     ax.set_ylabel(f"offline τ at draft length {d} (tokens/forward)")
     ax.legend(fontsize=7)
     return ax
+
+
+def plot_set_landscape(every: Any, trained: Sequence[tuple[str, float, float, float]], ax: Any = None,
+                       xlabel: str = "redundancy S2 of the set (nats)",
+                       ylabel: str = "aggregate entropy S2 of the set (nats)") -> Any:
+    """Every k-subset of layers as a grey point (``every``: [m, 2] of x, y) and the trained sets on
+    top (``trained``: name, x, y, tau), coloured by their heads' tau: whether the criteria place
+    the sets drafters rank high where a selection would look."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    use_style()
+    if ax is None:
+        _, ax = plt.subplots(figsize=(5.6, 4.0))
+    every = np.asarray(every, dtype=np.float64)
+    ax.scatter(every[:, 0], every[:, 1], s=3, color="0.8", label="every k-subset", rasterized=True)
+    if trained:
+        xs, ys, taus = (np.array([t[i] for t in trained], dtype=np.float64) for i in (1, 2, 3))
+        points = ax.scatter(xs, ys, c=taus, cmap="viridis", s=36, edgecolor="black", linewidth=0.5, zorder=3)
+        plt.colorbar(points, ax=ax, label="heads' offline τ (tokens/forward)")
+        for name, x, y, _ in trained:
+            ax.annotate(name, (x, y), fontsize=6, xytext=(3, 3), textcoords="offset points")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.legend(fontsize=7, loc="lower right")
+    return ax
+

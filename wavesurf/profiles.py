@@ -95,12 +95,13 @@ PROFILES: dict[str, dict[str, Any]] = {
             "methods": ["entropy", "aggregate", "cka", "combined"], "n_random": 4,
             "curve_fractions": [0.25, 0.5],
         },
-        # minutes per notebook of an empty-cache run on the 2-core reference machine (2026-12-04,
-        # fresh clone of d2957d1, 35 min 29 s in all with setup); only the progress line's ETA reads them
+        # minutes per notebook of an empty-cache run on the 2-core reference machine (Intel Xeon host,
+        # fresh clone of 6a0ee2a, 2026-12-06, 46 min 47 s in all with setup: benchmarks/results/
+        # fresh_clone-20261206T064320.json); only the progress line's ETA reads them
         "reference_minutes": {"smollm2-135m": {
-            "01_entropy_compartments": 4.07, "02_cka_dynamics": 0.08, "03_aggregate_entropy": 0.13,
-            "04_token_filtering": 0.1, "04b_filtering_drafters": 29.6, "05_layer_selection": 0.13,
-            "06_speed_table": 0.22, "07_cross_model": 0.12}},
+            "01_entropy_compartments": 4.88, "02_cka_dynamics": 0.09, "03_aggregate_entropy": 0.16,
+            "04_token_filtering": 0.12, "04b_filtering_drafters": 38.5, "05_layer_selection": 0.33,
+            "06_speed_table": 1.49, "07_cross_model": 0.14}},
     },
     "long": {
         # two seeds per set at 160k tokens per head (bfloat16, ~111 s each at ~1,440 tok/s on the 2-core AMD
