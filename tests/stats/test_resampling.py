@@ -18,6 +18,10 @@ def test_t_quantile_matches_tables():
     for df, want in ((1, 12.7062), (4, 2.7764), (9, 2.2622), (30, 2.0423)):
         assert t_quantile(0.975, df) == pytest.approx(want, abs=2e-4)
     assert t_quantile(0.025, 9) == pytest.approx(-2.2622, abs=2e-4)
+    # the far tail at df=1 (Cauchy: tan(pi (p - 1/2))), where the integrated density used to drift
+    for p in (0.999, 0.9999, 0.99999):
+        assert t_quantile(p, 1) == pytest.approx(np.tan(np.pi * (p - 0.5)), rel=1e-8)
+    assert t_quantile(0.5, 3) == 0.0
 
 
 @pytest.mark.parametrize("bad", [1, -1, 2.5, "x", None])

@@ -20,7 +20,6 @@ for CKA and the alpha=2 aggregate entropy of layer sets.
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -96,31 +95,18 @@ class GroupAssigner:
 # ------------------------------------------------------------------------------------------------
 # jackknife
 def t_quantile(p: float, df: int) -> float:
-    """Quantile of Student's t with ``df`` degrees of freedom (bisection on a Simpson-integrated
-    density; |error| < 1e-9 for 0.5 < p < 0.9999). Written here to avoid a scipy dependency."""
+    """Quantile of Student's t with ``df`` degrees of freedom (:func:`wavesurf.tdist.t_critical`,
+    the one home of the t distribution, exact in the far tail too)."""
+    from ..tdist import t_critical
+
     if not 0.0 < p < 1.0:
         raise StatsError(f"p={p} must be in (0, 1)")
     if df < 1:
         raise StatsError(f"df={df} must be >= 1")
-    if p < 0.5:
-        return -t_quantile(1.0 - p, df)
-    log_c = math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(df * math.pi)
-
-    def cdf(x: float) -> float:
-        m = 4000
-        xs = np.linspace(0.0, x, m + 1)
-        f = np.exp(log_c - (df + 1) / 2 * np.log1p(xs * xs / df))
-        w = np.ones(m + 1)
-        w[1:-1:2], w[2:-1:2] = 4, 2
-        return 0.5 + float((w * f).sum() * (x / m) / 3)
-
-    lo, hi = 0.0, 1.0
-    while cdf(hi) < p:
-        hi *= 2
-    for _ in range(60):
-        mid = 0.5 * (lo + hi)
-        lo, hi = (mid, hi) if cdf(mid) < p else (lo, mid)
-    return 0.5 * (lo + hi)
+    if p == 0.5:
+        return 0.0
+    t = float(t_critical(2.0 * min(p, 1.0 - p), df, error=StatsError))
+    return t if p > 0.5 else -t
 
 
 @dataclass(frozen=True)
