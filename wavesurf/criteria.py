@@ -43,8 +43,7 @@ def set_criteria(stats: Any, layer_ids: Sequence[int], probe: Any = None) -> dic
         raise WavesurfError(f"layer ids {missing} are not in the statistics (ids {stats.layer_ids[0]}.."
                             f"{stats.layer_ids[-1]})")
     rows = [position[i] for i in ids]
-    cka = np.asarray(stats.cka, dtype=np.float64)
-    pairs = [cka[a, b] for n, a in enumerate(rows) for b in rows[n + 1:]]
+    pairs = list(stats.pair_cka(ids).values())
     out = {"mean_entropy": float(np.mean(np.asarray(stats.entropy, dtype=np.float64)[rows])),
            "aggregate_entropy2": float(stats.aggregate_entropy2([ids])[0]),
            "aggregate_entropy1": math.nan,

@@ -288,9 +288,13 @@ def _scan_variants(store: FeatureStore, layer_ids: Sequence[int], batch_tokens: 
     return segments, ids, cut_total
 
 
+def _entry_params(kind: str, params: dict[str, Any]) -> dict[str, Any]:
+    """What a cached score is keyed by and its manifest records: the format, version and kind too."""
+    return {"format": ACCEPTANCE_FORMAT, "wavesurf": __version__, "kind": kind, **params}
+
+
 def _cache_dir(kind: str, params: dict[str, Any]) -> Path:
-    params = {"format": ACCEPTANCE_FORMAT, "wavesurf": __version__, "kind": kind, **params}
-    return cache_root() / "drafter" / "acceptance" / f"{kind}-{params_key(params)}"
+    return cache_root() / "drafter" / "acceptance" / f"{kind}-{params_key(_entry_params(kind, params))}"
 
 
 def _load_cached(kind: str, params: dict[str, Any]) -> Acceptance | None:
@@ -304,10 +308,9 @@ def _load_cached(kind: str, params: dict[str, Any]) -> Acceptance | None:
 
 
 def _store_cached(kind: str, params: dict[str, Any], result: Acceptance) -> None:
-    full = {"format": ACCEPTANCE_FORMAT, "wavesurf": __version__, "kind": kind, **params}
     with atomic_directory(_cache_dir(kind, params), overwrite=True) as tmp:
         result.save(tmp)
-        write_manifest(tmp, full)
+        write_manifest(tmp, _entry_params(kind, params))
 
 
 def _cached(kind: str, params: dict[str, Any], compute: Any, use_cache: bool) -> Acceptance:
@@ -342,7 +345,7 @@ def offline_acceptance(
     """Chain acceptance of ``head`` on the continuations stored in ``store`` (held-out target
     answers), for draft lengths 1..``max_draft_len``; cached by the head's weights and the store.
     ``lookup_ngram > 0``: the chain's first tokens come from n-gram lookup where the context has a
-    match (:func:`head_lookup_hits`), as ``SpeculativeDecoder(lookup_ngram=...)`` drafts."""
+    match (:func:`lookup_first`), as ``SpeculativeDecoder(lookup_ngram=...)`` drafts."""
     (result,) = offline_acceptances(target, head, store, max_draft_len=max_draft_len, lookup_ngrams=(lookup_ngram,),
                                     batch_tokens=batch_tokens, names=(name,), use_cache=use_cache, progress=progress)
     return result
@@ -362,7 +365,7 @@ def offline_acceptances(
 ) -> list[Acceptance]:
     """:func:`offline_acceptance` of ``head`` alone (``0`` in ``lookup_ngrams``) and after n-gram
     lookup of each other order, from one unroll of the head over the store (the head's own hits do
-    not depend on what drafts before it, :func:`head_lookup_hits`); each result is cached under the
+    not depend on what drafts before it, :func:`lookup_first`); each result is cached under the
     key :func:`offline_acceptance` gives it, and only the missing ones are computed."""
     from ..bench import head_fingerprint
 
@@ -528,19 +531,13 @@ def lookup_hits(batch: dict[str, Any], max_draft_len: int, max_ngram: int = 3, *
     return (hits, available) if with_available else hits
 
 
-def head_lookup_hits(head: DraftHead, batch: dict[str, Any], embed: Any, max_draft_len: int, lookup_ngram: int) -> Any:
-    """Hits of chain drafting with n-gram lookup first and the head after it (see
-    :class:`~wavesurf.drafter.decode.SpeculativeDecoder`, ``lookup_ngram``): step j is lookup's
-    token where lookup proposed one, else the head's. Exact because while every earlier draft was
-    right the head's step j reads the same inputs whichever drafter proposed those tokens (the true
-    tokens' embeddings and its own earlier hidden states)."""
-    return lookup_first(head_hits(head, batch, embed, max_draft_len), {k: v.cpu() for k, v in batch.items()},
-                        max_draft_len, lookup_ngram)
-
-
 def lookup_first(head_part: Any, batch: dict[str, Any], max_draft_len: int, lookup_ngram: int) -> Any:
-    """The head's hits [B, T, D] with n-gram lookup drafting first: lookup's hit where it proposed a
-    token, the head's elsewhere (see :func:`head_lookup_hits`)."""
+    """Hits of chain drafting with n-gram lookup first and the head after it (see
+    :class:`~wavesurf.drafter.decode.SpeculativeDecoder`, ``lookup_ngram``), from the head's own
+    hits [B, T, D] (:func:`head_hits`) and a CPU ``batch``: step j is lookup's token where lookup
+    proposed one, else the head's. Exact because while every earlier draft was right the head's step
+    j reads the same inputs whichever drafter proposed those tokens (the true tokens' embeddings and
+    its own earlier hidden states), so one unroll of the head serves both ways of drafting."""
     import torch
 
     lookup_part, available = lookup_hits(batch, max_draft_len, lookup_ngram, with_available=True)
@@ -658,4 +655,4 @@ def bootstrap_tau(runs: Sequence[Acceptance], draft_len: int, *, baseline: Seque
 
 
 __all__ = ["Acceptance", "AcceptanceError", "BigramTable", "acceptance_arrays", "acceptance_intervals", "acceptance_null_percentiles", "bigram_acceptance", "bootstrap_tau", "build_bigram_table",
-           "continuations", "count_bigrams", "head_hits", "head_lookup_hits", "offline_acceptances", "lookup_acceptance", "lookup_hits", "leading_hits", "offline_acceptance", "walk_chain"]
+           "continuations", "count_bigrams", "head_hits", "lookup_first", "offline_acceptances", "lookup_acceptance", "lookup_hits", "leading_hits", "offline_acceptance", "walk_chain"]
