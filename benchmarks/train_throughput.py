@@ -23,6 +23,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from statistics import median
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 ROOT = Path(__file__).resolve().parent.parent
@@ -139,11 +140,12 @@ def main() -> None:
         for config in configs:
             for t in threads:
                 mine = [r for r in rows if r["config"] == config and r["threads"] == t]
-                ratios = sorted(r["ratio"] for r in mine)
+                ratios = [r["ratio"] for r in mine]
                 summary.append({"config": config, "threads": t, **CONFIGS[config], **COMMON,
-                                "baseline_tok_per_s": round(sorted(r["baseline_tok_per_s"] for r in mine)[len(mine) // 2], 1),
-                                "current_tok_per_s": round(sorted(r["current_tok_per_s"] for r in mine)[len(mine) // 2], 1),
-                                "ratio_median": ratios[len(ratios) // 2], "ratio_min": ratios[0], "ratio_max": ratios[-1]})
+                                "baseline_tok_per_s": round(median(r["baseline_tok_per_s"] for r in mine), 1),
+                                "current_tok_per_s": round(median(r["current_tok_per_s"] for r in mine), 1),
+                                "ratio_median": round(median(ratios), 3), "ratio_min": min(ratios),
+                                "ratio_max": max(ratios)})
         payload = {"baseline_rev": args.baseline_rev, "model": args.model, "layers": layers,
                    "store_tokens": store.tokens, "steps": args.steps, "warmup": args.warmup, "rounds": args.rounds,
                    "load_before": round(load_before, 2), "quiet": load_before < 0.5, "summary": summary, "rows": rows}
