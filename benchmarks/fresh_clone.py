@@ -3,6 +3,7 @@ README's own commands there with an empty ``WAVESURF_CACHE``, timing each phase.
 
     python benchmarks/fresh_clone.py --phases tests        # the README's test command
     python benchmarks/fresh_clone.py --phases main         # the README's main-job command
+    python benchmarks/fresh_clone.py --phases main --profile long   # the main job with another profile
     python benchmarks/fresh_clone.py --dry-run             # print what would run, run nothing
 
 The commands are read from the clone's ``README.md`` (the fenced ``bash`` blocks that start with
@@ -61,6 +62,20 @@ def parse_phases(text: str) -> list[str]:
     return phases
 
 
+def with_profile(command: str, profile: str) -> str:
+    """The README's main command with its ``--profile`` value replaced by ``profile`` (refused
+    where the command names none, or the profile does not exist)."""
+    sys.path.insert(0, str(ROOT))
+    from wavesurf.profiles import profile_names
+
+    if profile not in profile_names():
+        raise SystemExit(f"--profile {profile!r} is not a profile; available: {', '.join(profile_names())}")
+    new, n = re.subn(r"--profile\s+\S+", f"--profile {profile}", command)
+    if n != 1:
+        raise SystemExit(f"the README's main command names {n} --profile options, expected 1: {command}")
+    return new
+
+
 def head_commit(root: Path = ROOT) -> str:
     return subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
                           check=True).stdout.strip()
@@ -93,6 +108,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--tmp", type=Path, default=None, help="folder for the clone (default: the system's temp folder)")
     ap.add_argument("--timeout", type=float, default=None, help="seconds per phase (default: none)")
     ap.add_argument("--keep", action="store_true", help="keep the clone and its cache afterwards")
+    ap.add_argument("--profile", default=None,
+                    help="run the main command with this profile instead of the README's (e.g. long)")
     ap.add_argument("--dry-run", action="store_true", help="print the clone, commands and cache, run nothing")
     return ap
 
@@ -103,6 +120,8 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"--timeout must be positive; got {args.timeout}")
     commit = head_commit()
     commands = readme_commands((ROOT / "README.md").read_text())
+    if args.profile:
+        commands["main"] = with_profile(commands["main"], args.profile)
     base = Path(args.tmp or tempfile.gettempdir())
     if args.dry_run:
         print(f"would clone {ROOT} at {commit[:10]} into a new folder under {base}, with WAVESURF_CACHE "
@@ -143,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     from _common import write_result
 
     where = write_result("fresh_clone", {
-        "cloned_commit": commit[:10], "load_before": load0, "phases": phases, "total_seconds": round(sum(p["seconds"] for p in phases), 1),
+        "cloned_commit": commit[:10], "profile": args.profile or "as in the README", "load_before": load0, "phases": phases, "total_seconds": round(sum(p["seconds"] for p in phases), 1),
         "disk_gib": round(disk, 2), "ok": all(p["exit"] == 0 for p in phases),
         "note": "an empty WAVESURF_CACHE; pip's own download cache as found on the host"})
     print(f"written {where}")

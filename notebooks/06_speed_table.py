@@ -49,6 +49,7 @@ from myst_nb import glue
 
 from wavesurf import paper, plots
 from wavesurf.notebook import open_notebook
+from wavesurf.speed_table import seeds_clause
 
 P, target = open_notebook(model, dataset, max_tokens, profile, seed, device)
 
@@ -148,7 +149,7 @@ glue("control_rescue", f"{control['rescue']:.3f} ({control['rescue_lo']:.3f} to 
      display=False)
 glue("selection_verdict", table.selection_verdict or "This table has no selected set to rank.", display=False)
 glue("n_sets", len(sets), display=False)
-glue("n_seeds", len(settings.seeds), display=False)
+glue("n_seeds", seeds_clause(table.info), display=False)
 glue("n_drafters", len({r["drafter"] for r in table.rows}), display=False)
 glue("train_tokens", f"{train.train_tokens:,}", display=False)
 glue("train_store_tokens", f"{table.info['train_store_tokens']:,}", display=False)
@@ -201,9 +202,9 @@ floors = (f"The default set's heads differ from the bigram floor by {_margin('bi
           + ("; both intervals lie above zero." if all(cleared.values()) else
              "; not both intervals lie above zero, so at this budget the table cannot rank layer sets."))
 passes = train.train_tokens / max(1, table.info["train_store_tokens"])
-seeds_text = (f"Intervals resample {len(settings.seeds)} training seeds and {table.info['heldout_sequences']} held-out "
+seeds_text = (f"Intervals resample training seeds ({seeds_clause(table.info)}) and {table.info['heldout_sequences']} held-out "
               f"conversations ({table.info['heldout_positions']:,} answer tokens); with this few of each, the "
-              "intervals are themselves rough." if len(settings.seeds) >= 2 else
+              "intervals are themselves rough." if max(len(settings.seeds), len(settings.primary_seeds)) >= 2 else
               f"With one training seed the intervals resample only the {table.info['heldout_sequences']} held-out "
               f"conversations ({table.info['heldout_positions']:,} answer tokens) and leave seed variance out.")
 glue("limitations", " ".join([
@@ -238,7 +239,7 @@ glue("limitations", " ".join([
 #
 # ```{glue:figure} fig_speed
 # Offline acceptance length τ at draft length {glue:text}`draft_len` per layer set (left; mean over
-# {glue:text}`n_seeds` training seeds, 95% interval resampling held-out sequences and seeds) and its
+# its training seeds: {glue:text}`n_seeds`; 95% interval resampling held-out sequences and seeds) and its
 # paired difference to the default set (right; simultaneous 95% intervals over the layer sets).
 # **What to see:** a set beats the default only if its
 # right-hand interval lies entirely right of the dashed zero line (green); grey intervals cross it.
@@ -252,7 +253,7 @@ glue("limitations", " ".join([
 # repetitive answers, what the head adds to it, and whether the layer set still matters there.
 # ```
 #
-# {glue:text}`n_drafters` drafters ({glue:text}`n_sets` layer sets x {glue:text}`n_seeds` seeds), each
+# {glue:text}`n_drafters` drafters ({glue:text}`n_sets` layer sets; {glue:text}`n_seeds`), each
 # trained on {glue:text}`train_tokens` tokens (passes over a store of {glue:text}`train_store_tokens`
 # tokens of the target's own answers) with {glue:text}`ttt_steps` unrolled steps and a
 # {glue:text}`draft_vocab`-token draft vocabulary ({glue:text}`train_seconds:.0f` s of training per

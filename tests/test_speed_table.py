@@ -160,6 +160,47 @@ def test_a_partial_part_gets_the_same_defaults_as_a_missing_one():
     assert SpeedTableSettings.from_profile({"train": {"frozen": ["fc"]}}).train.frozen == ("fc",)
 
 
+def test_sets_with_different_numbers_of_seeds(smollm):
+    """The long profile's design in small: the default set, the primary comparison and the
+    embedding-only control get more seeds than the other sets, a random set of the null one; every
+    summary row says what its interval rests on, and the one-seed set's interval carries the seed
+    variance pooled from the others (wider than its sequences alone)."""
+    from wavesurf.profiles import get_profile
+    from wavesurf.speed_table import LayerSet, SpeedTableSettings, run_speed_table
+
+    settings = SpeedTableSettings.from_profile({**get_profile("smoke").drafter, "seeds": [0],
+                                                "primary_seeds": [0, 1], "primary": "last-1", "curve_fractions": []})
+    sets = [LayerSet("default", "default", [2, 15, 27], "rule"), LayerSet("last-1", "control", [30], "top"),
+            LayerSet("random-1", "control", [5], "random")]
+    table = run_speed_table(smollm, sets, settings, progress=False)
+    assert [(r["layer_set"], r["seed"]) for r in table.rows] == [("default", 0), ("default", 1), ("last-1", 0),
+                                                                 ("last-1", 1), ("random-1", 0)]
+    summary = {s["layer_set"]: s for s in table.summary}
+    assert {n: summary[n]["seeds"] for n in ("default", "last-1", "random-1", "embedding-only")} == {
+        "default": 2, "last-1": 2, "random-1": 1, "embedding-only": 2}
+    lone = summary["random-1"]
+    assert "pooled" in lone["interval"] and lone["diff_se_seed"] > 0
+    assert lone["tau_hi"] - lone["tau_lo"] > 0 and lone["diff_lo"] <= lone["diff"] <= lone["diff_hi"]
+    assert table.info["seed_counts"]["default, primary and control"] == 2
+    assert "(2 for the default, primary and control)" in table.verdict
+    assert table.compare("random-1", "default")["baseline_seeds"] == 2
+
+
+def test_seed_lists_are_checked():
+    from wavesurf.speed_table import LayerSet, SpeedTableSettings
+
+    with pytest.raises(WavesurfError, match=r"primary_seeds=\[1, 2\] must start with seeds=\[0, 1\]"):
+        SpeedTableSettings.from_profile({"seeds": [0, 1], "primary_seeds": [1, 2]})
+    with pytest.raises(WavesurfError, match=r"null_seeds=\[1\] must be a prefix of seeds=\[0, 1\]"):
+        SpeedTableSettings.from_profile({"seeds": [0, 1], "null_seeds": [1]})
+    with pytest.raises(WavesurfError, match=r"seeds=\(0, 0\) must be distinct non-negative integer seeds"):
+        SpeedTableSettings.from_profile({"seeds": [0, 0]})
+    st = SpeedTableSettings.from_profile({"seeds": [0, 1], "primary_seeds": [0, 1, 2], "null_seeds": [0]})
+    default, combined = LayerSet("default", "default", [2, 15, 27], "rule"), LayerSet("combined", "selected", [8], "m")
+    assert st.seeds_for(default) == (0, 1, 2) and st.seeds_for(combined, combined) == (0, 1, 2)
+    assert st.seeds_for(combined) == (0, 1) and st.seeds_for(LayerSet("random-3", "control", [4], "r")) == (0,)
+
+
 def test_a_part_refuses_an_unknown_key_naming_it_and_the_allowed_ones():
     from wavesurf.speed_table import SpeedTableSettings
 

@@ -96,7 +96,7 @@ def criteria_vs_tau(criteria: Sequence[dict[str, float]], runs: Sequence[Sequenc
         raise WavesurfError(f"{len(criteria)} sets of criteria for {len(runs)} sets of runs")
     committed, cycles = acceptance_arrays(runs, draft_len)
     rep, per_seed = tau_replicates(committed, cycles, n_boot=n_boot, seed=seed)  # [B, G], [G, K]
-    tau = per_seed.mean(axis=1)
+    tau = np.nanmean(per_seed, axis=1)  # sets may have different numbers of seeds (NaN where missing)
     rng = np.random.default_rng([seed, 1])
     picks = rng.integers(0, len(runs), size=(n_boot, len(runs)))
     a = (1 - level) / 2

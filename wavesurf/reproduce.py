@@ -487,6 +487,14 @@ def write_generated(book: Path, primary: str | None = None) -> None:
     (gen / "timings.md").write_text(text)
 
 
+def _seed_counts(st) -> str:
+    """Seeds per layer set in words: ``2``, or ``2 (3 default/primary, 1 random)``."""
+    lead, null = len(st.primary_seeds or st.seeds), len(st.null_seeds or st.seeds)
+    extra = [f"{lead} default/primary"] if lead != len(st.seeds) else []
+    extra += [f"{null} random"] if null != len(st.seeds) else []
+    return f"{len(st.seeds)}" + (f" ({', '.join(extra)})" if extra else "")
+
+
 def profile_table() -> str:
     """The profiles as the book states them (``book/generated/profiles.md``): what each is for and
     its analysis budget, then the speed table's drafter budgets, all read from
@@ -505,7 +513,7 @@ def profile_table() -> str:
         mode = ", dynamic tree" if bench.mode == "tree" else ""
         budgets.append(f"| `{name}` | {st.distill.train_tokens:,} / {st.distill.heldout_tokens:,} | "
                        f"{train.train_tokens:,} | {train.precision} | {train.ttt_steps} | "
-                       f"{train.draft_vocab_size:,} | {len(st.seeds)} | {bench.n_prompts} × {bench.max_new_tokens} "
+                       f"{train.draft_vocab_size:,} | {_seed_counts(st)} | {bench.n_prompts} × {bench.max_new_tokens} "
                        f"({', '.join(st.datasets)}{mode}) |")
     return "\n".join(rows) + "\n\nDrafter budgets (the speed table):\n\n" + "\n".join(budgets) + "\n"
 

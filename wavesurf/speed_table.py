@@ -192,6 +192,12 @@ class SpeedTableSettings:
     training budget at which the default and the best set are trained again; ``n_random``: random
     layer sets (drawn once with the table's seed), the null every selected set is ranked in;
     ``primary``: the pre-registered comparison with the default.
+
+    Seeds: ``seeds`` train every layer set; ``primary_seeds`` (starting with ``seeds``; empty: the
+    same) train the default set, the primary comparison's set and the embedding-only control, the
+    comparisons the book leads with; ``null_seeds`` (a prefix of ``seeds``; empty: the same) train
+    the random sets, whose spread across sets then includes seed noise. Seed k of every set is
+    the same seed value, so sets stay paired by index (:mod:`wavesurf.drafter.intervals`).
     """
 
     distill: DistillBudget = field(default_factory=DistillBudget)
@@ -203,6 +209,8 @@ class SpeedTableSettings:
                                                                      draft_len=4))
     datasets: tuple[str, ...] = ("mt-bench", "humaneval", "sharegpt")
     seeds: tuple[int, ...] = (0, 1)
+    primary_seeds: tuple[int, ...] = ()  # the default, primary and embedding-only heads ("": seeds)
+    null_seeds: tuple[int, ...] = ()  # the random sets' heads ("": seeds)
     curve_fractions: tuple[float, ...] = (0.25, 0.5)
     methods: tuple[str, ...] = SELECTION_METHODS  # selection methods whose sets enter the table
     n_random: int = 2  # random control sets: the null each selected set is ranked in
@@ -239,6 +247,16 @@ class SpeedTableSettings:
     def check(self) -> None:
         if not self.seeds:
             raise WavesurfError("the speed table needs at least one training seed")
+        for name in ("seeds", "primary_seeds", "null_seeds"):
+            values = getattr(self, name)
+            if not isinstance(values, tuple) or not all(is_int(v, 0) for v in values) or len(set(values)) != len(values):
+                raise WavesurfError(f"{name}={values!r} must be distinct non-negative integer seeds")
+        if self.primary_seeds and tuple(self.primary_seeds[: len(self.seeds)]) != tuple(self.seeds):
+            raise WavesurfError(f"primary_seeds={list(self.primary_seeds)} must start with seeds={list(self.seeds)}: "
+                                "sets are paired seed by seed (add seeds after them)")
+        if self.null_seeds and tuple(self.seeds[: len(self.null_seeds)]) != tuple(self.null_seeds):
+            raise WavesurfError(f"null_seeds={list(self.null_seeds)} must be a prefix of seeds={list(self.seeds)}: "
+                                "sets are paired seed by seed")
         from .distill import check_settings as check_distill
 
         d = self.distill
@@ -253,6 +271,20 @@ class SpeedTableSettings:
             raise WavesurfError(f"n_random={self.n_random!r} must be a non-negative integer")
         if not isinstance(self.primary, str):
             raise WavesurfError(f"primary={self.primary!r} must be a layer-set name such as 'combined', or ''")
+
+
+    def seeds_for(self, layer_set: LayerSet, primary: LayerSet | None = None) -> tuple[int, ...]:
+        """The training seeds of one layer set (see the class docstring)."""
+        if layer_set.group == "default" or (primary is not None and layer_set.name == primary.name):
+            return self.primary_seeds or self.seeds
+        if is_random_set(layer_set):
+            return self.null_seeds or self.seeds
+        return self.seeds
+
+
+def is_random_set(layer_set: LayerSet) -> bool:
+    """Whether a layer set is one of the random sets of the null (``random-<i>``)."""
+    return layer_set.name.startswith("random-")
 
 
 @dataclass
@@ -303,8 +335,8 @@ class SpeedTable:
         iv = acceptance_intervals([self.runs[n] for n in names], self.info["draft_len"], reference=names.index(b),
                                   n_boot=self.info.get("n_boot", 2000), level=self.info.get("level", 0.95))
         row = iv.rows[names.index(a)]
-        return {**{k: v for k, v in row.items() if not k.startswith("diff_fw")}, "seeds": iv.seeds,
-                "sequences": iv.sequences}
+        return {**{k: v for k, v in row.items() if not k.startswith("diff_fw")}, "seeds": row["seeds"],
+                "baseline_seeds": iv.seeds_per_drafter[names.index(b)], "sequences": iv.sequences}
 
     def filtering_rows(self, methods: Sequence[str]) -> list[dict[str, Any]]:
         """Per selection method: the set chosen from all positions and from the token-entropy
@@ -411,9 +443,20 @@ def _interval_name(info: dict[str, Any], family_key: str = "family") -> str:
     return f"{_percent(info)}%"
 
 
+def seeds_clause(info: dict[str, Any]) -> str:
+    """``2 training seeds per set`` and, where some sets have more or fewer, which."""
+    text = f"{_count(info.get('seeds', '?'), 'training seed')} per set"
+    counts = info.get("seed_counts") or {}
+    per = info.get("seeds")
+    extra = [f"{k} for the {what}" for what, k in counts.items() if what != "other sets" and k != per]
+    return text + (f" ({'; '.join(extra)})" if extra else "")
+
+
 def _resampling_clause(info: dict[str, Any]) -> str:
     """What the intervals resample, in words (one seed: say that seed variation is not in them)."""
     seeds, fam = info.get("seeds"), info.get("family") or {}
+    if isinstance(seeds, int):  # the most any drafter has (the primary comparison's, where more)
+        seeds = max([seeds, *(info.get("seed_counts") or {}).values()])
     what = ("intervals resample held-out sequences and training seeds" if isinstance(seeds, int) and seeds >= 2
             else "intervals resample held-out sequences only (1 training seed: seed-to-seed variation is not in them)"
             if seeds == 1 else "")
@@ -431,7 +474,7 @@ def verdict_sentence(summary: Sequence[dict[str, Any]], info: dict[str, Any]) ->
     others = [r for r in summary if r["group"] not in ("default", "floor")]
     d, kind = info.get("draft_len", 4), _interval_name(info)
     where = (f"offline chain acceptance at draft length {d} on {info.get('heldout_sequences', '?')} held-out "
-             f"sequences ({info.get('heldout_positions', '?'):,} tokens), {_count(info.get('seeds', '?'), 'training seed')} per set"
+             f"sequences ({info.get('heldout_positions', '?'):,} tokens), {seeds_clause(info)}"
              f"{_resampling_clause(info)}")
     base = f"the default [{default['layer_ids']}] (τ = {default['tau']:.3f})"
     better = sorted((r for r in others if r["verdict"] == "better"), key=lambda r: -r["diff"])
@@ -555,7 +598,7 @@ def run_speed_table(target: Any, sets: Sequence[LayerSet], settings: SpeedTableS
     heads: dict[str, Any] = {}
     heads_by_seed: dict[str, list[Any]] = {}
     for s in sets:
-        for seed in settings.seeds:
+        for seed in settings.seeds_for(s, primary):
             result, head, acc, info, both = _train_and_score(target, train_store, held_store, s.layer_ids,
                                                              settings.train, seed, acc_cfg, f"{s.name}/seed{seed}",
                                                              progress, with_lookup=True)
@@ -581,13 +624,14 @@ def run_speed_table(target: Any, sets: Sequence[LayerSet], settings: SpeedTableS
     table = build_bigram_table(target, corpus_name, split="train")
     floor = bigram_acceptance(target, table, held_store, max_draft_len=acc_cfg.max_draft_len, progress=progress)
     default = next(s for s in sets if s.group == "default")
-    k_seeds = len(settings.seeds)
+    control_seeds = settings.seeds_for(default)
+    k_seeds = len(control_seeds)
     floor_runs = [floor] * k_seeds  # deterministic: the same floor paired with every seed
     lookup = lookup_acceptance(target, held_store, max_draft_len=acc_cfg.max_draft_len, progress=progress)
     lookup_runs = [lookup] * k_seeds
     # the embedding-only control: the default set's head with every stream zeroed, same budget, data and seeds
     control_runs = []
-    for seed in settings.seeds:
+    for seed in control_seeds:
         _, head, acc, _, _ = _train_and_score(target, train_store, held_store, default.layer_ids,
                                            replace(settings.train, embedding_only=True), seed, acc_cfg,
                                            f"{CONTROL}/seed{seed}", progress)
@@ -603,7 +647,9 @@ def run_speed_table(target: Any, sets: Sequence[LayerSet], settings: SpeedTableS
     streams, rescue = _diagnostics(target, sets, heads_by_seed, table, train_store, held_store, runs, acc_cfg, progress)
     for row in summary:
         row.update(rescue.get(row["layer_set"], {}))
-    info = {"draft_len": d, "level": level, "seeds": k_seeds, "lookup_ngram": acc_cfg.lookup_ngram, "heldout_sequences": len(floor.sequence_ids),
+    info = {"draft_len": d, "level": level, "seeds": len(settings.seeds),
+            "seed_counts": {"default, primary and control": k_seeds, "other sets": len(settings.seeds),
+                            "random sets": len(settings.null_seeds or settings.seeds)}, "lookup_ngram": acc_cfg.lookup_ngram, "heldout_sequences": len(floor.sequence_ids),
             "heldout_positions": floor.positions, "heldout_cut_tokens": floor.cut_tokens, "corpus": corpus_name,
             "train_store_tokens": train_store.tokens, "heldout_store_tokens": held_store.tokens}
 
@@ -720,7 +766,7 @@ def _null_ranks(sets: Sequence[LayerSet], runs: dict[str, list[Any]], acc_cfg: A
     """Each selected set's percentile among the random sets (the null), with two-level intervals."""
     from .drafter.acceptance import acceptance_null_percentiles
 
-    null = [i for i, s in enumerate(sets) if s.name.startswith("random-")]
+    null = [i for i, s in enumerate(sets) if is_random_set(s)]
     subjects = [i for i, s in enumerate(sets) if s.group.startswith("selected")]
     out: dict[str, Any] = {"random_sets": len(null), "asked": n_random, "rows": []}
     if len(null) < 2 or not subjects:
@@ -811,7 +857,8 @@ def _summary_row(name: str, group: str, aliases: Sequence[str], layer_ids: Seque
     """One summary row: the set, what its intervals rest on (``seeds``, ``sequences``, ``interval``),
     :func:`_interval_columns` and the verdict (:func:`classify` of the simultaneous interval)."""
     row = {"layer_set": name, "group": group, "aliases": " ".join(aliases), "layer_ids": " ".join(map(str, layer_ids)),
-           "seeds": iv.seeds, "sequences": iv.sequences, "interval": iv.basis, "draft_len": acc_cfg.draft_len,
+           "seeds": iv.seeds_per_drafter[i], "sequences": iv.sequences, "interval": iv.row_basis(i),
+           "draft_len": acc_cfg.draft_len,
            **_interval_columns(iv, i, reference=group == "default"),
            "step_accuracy_0": round(float(np.mean([r.step_accuracy[0] for r in runs])), 5)}
     row["verdict"] = "reference" if group == "default" else classify(row)

@@ -573,10 +573,6 @@ def _check_runs(groups: Sequence[Sequence[Acceptance]], draft_len: int) -> None:
         raise AcceptanceError("intervals need at least one acceptance run per drafter")
     ref = groups[0][0]
     for g in groups:
-        if len(g) != len(groups[0]):
-            raise AcceptanceError(f"drafters scored with different numbers of training seeds ({len(groups[0])} runs "
-                                  f"of {ref.name!r}, {len(g)} of {g[0].name!r}); paired intervals pair seed k with "
-                                  "seed k")
         for r in g:
             if r.sequence_ids != ref.sequence_ids:
                 raise AcceptanceError(f"acceptance runs {ref.name!r} and {r.name!r} are on different continuations; "
@@ -586,12 +582,18 @@ def _check_runs(groups: Sequence[Sequence[Acceptance]], draft_len: int) -> None:
 
 
 def acceptance_arrays(groups: Sequence[Sequence[Acceptance]], draft_len: int) -> tuple[np.ndarray, np.ndarray]:
-    """Committed tokens and cycles per drafter, seed and held-out sequence at ``draft_len``, int
-    ``[G, K, S]`` each (``groups``: one list of runs per drafter, one run per seed, checked to be
-    paired: the same seeds count and continuations)."""
+    """Committed tokens and cycles per drafter, seed and held-out sequence at ``draft_len``,
+    ``[G, K, S]`` each (``groups``: one list of runs per drafter, one run per seed, checked to be on
+    the same continuations). Drafters may have different numbers of seeds: run k of every drafter
+    is seed k (the same seed value; paired by index), and a drafter's missing seeds are NaN rows
+    up to the largest count ``K`` (:func:`wavesurf.drafter.intervals.seed_counts`)."""
     _check_runs(groups, draft_len)
-    committed = np.stack([np.stack([r.committed[:, draft_len - 1] for r in g]) for g in groups])
-    cycles = np.stack([np.stack([r.cycles[:, draft_len - 1] for r in g]) for g in groups])
+    k_max, s = max(len(g) for g in groups), len(groups[0][0].sequence_ids)
+    committed = np.full((len(groups), k_max, s), np.nan)
+    cycles = np.full((len(groups), k_max, s), np.nan)
+    for i, g in enumerate(groups):
+        for k, r in enumerate(g):
+            committed[i, k], cycles[i, k] = r.committed[:, draft_len - 1], r.cycles[:, draft_len - 1]
     return committed, cycles
 
 
@@ -648,7 +650,7 @@ def bootstrap_tau(runs: Sequence[Acceptance], draft_len: int, *, baseline: Seque
                               seed=seed, pool_seeds=pool_seeds)
     row = iv.rows[0]
     out = {k: row[k] for k in ("tau", "tau_lo", "tau_hi", "tau_se", "tau_df", "tau_seed_std")}
-    out.update(seeds=iv.seeds, sequences=iv.sequences)
+    out.update(seeds=iv.seeds_per_drafter[0], sequences=iv.sequences)
     if baseline:
         out.update({k: row[k] for k in _DIFF_KEYS})
     return out

@@ -36,7 +36,15 @@ the between-seed variance is **pooled** over every drafter whose score changes w
 once more than needed, which makes the intervals slightly conservative (no resampling scheme is
 exactly unbiased for a crossed design; McCullagh 2000, *Bernoulli* 6:285).
 
-With one seed there is no seed variance to estimate: the interval is the percentile interval over
+Uneven seeds. Drafters may have different numbers of seeds ``K_g`` (the long profile trains the
+default and the primary set with 3, the other sets with 2, the random sets of the null with 1):
+drafter g has the first ``K_g`` seeds, missing ones are NaN rows. Drafters with the same ``K_g``
+share one seed resampling; the pool weights each drafter's variance by its ``K_g - 1`` degrees of
+freedom; a trained head with one seed takes the pooled variance (its replicates get a normal seed
+draw of that variance, so max-T sees it: measured family-wise error 4.6-5.0% at nominal 5% in
+``tests/drafter/test_intervals.py``'s design, against 6.2% without the draw).
+
+With one seed for every drafter there is no seed variance to estimate: the interval is the percentile interval over
 sequences alone (what :func:`~wavesurf.drafter.acceptance.bootstrap_tau` always gave), labelled
 ``sequences only`` in :func:`basis`.
 
@@ -112,32 +120,66 @@ class TauIntervals:
     level: float
     seed_df: int = 0  # degrees of freedom of the between-seed variance (pooled over drafters, or K - 1)
     pooled_seed_std: float = 0.0  # between-seed standard deviation of one head's tau (pooled where pooling)
+    seeds_per_drafter: list[int] = field(default_factory=list)  # K_g (``seeds`` is the largest)
     family: dict[str, Any] = field(default_factory=dict)
 
     @property
     def basis(self) -> str:
-        return basis(self.seeds, self.sequences)
+        """What the intervals rest on: one count of seeds, or the range where drafters differ."""
+        counts = sorted(set(self.seeds_per_drafter or [self.seeds]))
+        if len(counts) == 1:
+            return basis(self.seeds, self.sequences)
+        return f"{counts[0]}-{counts[-1]} seeds x {self.sequences} sequences"
+
+    def row_basis(self, g: int) -> str:
+        """What drafter ``g``'s interval rests on."""
+        k = self.seeds_per_drafter[g] if self.seeds_per_drafter else self.seeds
+        if k == 1 and self.seed_df > 0 and max(self.seeds_per_drafter or [1]) > 1:
+            return f"1 seed x {self.sequences} sequences, seed variance pooled from the other drafters"
+        return basis(k, self.sequences)
+
+
+def seed_counts(c: np.ndarray) -> np.ndarray:
+    """Seeds per drafter of a ``[G, K, S]`` array whose missing seeds are NaN rows (a drafter with
+    fewer seeds than another has its first ``K_g`` seeds, the same seed values as the others'
+    first ``K_g``: seeds are paired by index). Refuses a gap (seed k missing but k + 1 present)."""
+    present = ~np.isnan(c).any(axis=2)  # [G, K]
+    counts = present.sum(axis=1)
+    for g, k in enumerate(counts):
+        if k < 1 or not present[g, :k].all():
+            raise AcceptanceError(f"drafter {g} has seeds {np.flatnonzero(present[g]).tolist()} of "
+                                  f"{c.shape[1]}: each drafter needs its first K_g >= 1 seeds, without gaps "
+                                  "(seeds are paired by index)")
+    return counts
 
 
 def _replicates(c: np.ndarray, n: np.ndarray, n_boot: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The two-level replicates of the module docstring for ``c``/``n`` [G, K, S]: sequence-only
-    replicates [B, G] (seeds fixed), full replicates [B, G] (sequences and seeds), and the
-    full-sample per-seed tau [G, K]."""
+    """The two-level replicates of the module docstring for ``c``/``n`` [G, K, S] (missing seeds
+    NaN, :func:`seed_counts`): sequence-only replicates [B, G] (seeds fixed), full replicates
+    [B, G] (sequences and seeds), and the full-sample per-seed tau [G, K] (NaN where missing).
+    Drafters with the same number of seeds share one seed resampling (seed k paired with seed k);
+    drafters with different numbers are resampled independently."""
     G, K, S = c.shape
+    counts = seed_counts(c)
+    present = np.arange(K)[None, :] < counts[:, None]  # [G, K]
+    c0, n0 = np.nan_to_num(c), np.nan_to_num(n)
     rng = np.random.default_rng(seed)
     w = rng.multinomial(S, np.full(S, 1.0 / S), size=n_boot).astype(np.float64)  # [B, S]
-    num = (w @ c.reshape(G * K, S).T).reshape(n_boot, G, K)
-    den = (w @ n.reshape(G * K, S).T).reshape(n_boot, G, K)
-    tau_bgk = num / np.maximum(den, 1.0)  # per-seed tau on each replicate
-    seq_rep = tau_bgk.mean(axis=2)  # [B, G]: sequences resampled, seeds fixed (and averaged)
-    if K >= 2:
-        pi = rng.multinomial(K, np.full(K, 1.0 / K), size=n_boot) / K  # [B, K], shared by all drafters
-        rep = seq_rep + math.sqrt(K / (K - 1)) * (np.einsum("bk,bgk->bg", pi, tau_bgk) - seq_rep)
-    else:
-        rep = seq_rep
-    csum, nsum = c.sum(axis=2), n.sum(axis=2)
+    num = (w @ c0.reshape(G * K, S).T).reshape(n_boot, G, K)
+    den = (w @ n0.reshape(G * K, S).T).reshape(n_boot, G, K)
+    tau_bgk = np.where(present, num / np.maximum(den, 1.0), 0.0)  # per-seed tau on each replicate (0 if missing)
+    seq_rep = tau_bgk.sum(axis=2) / counts  # [B, G]: sequences resampled, seeds fixed (and averaged)
+    rep = seq_rep.copy()
+    for k in sorted(set(int(x) for x in counts)):
+        if k < 2:
+            continue
+        gs = np.flatnonzero(counts == k)
+        pi = rng.multinomial(k, np.full(k, 1.0 / k), size=n_boot) / k  # [B, k], shared by these drafters
+        drawn = np.einsum("bk,bgk->bg", pi, tau_bgk[:, gs, :k])
+        rep[:, gs] = seq_rep[:, gs] + math.sqrt(k / (k - 1)) * (drawn - seq_rep[:, gs])
+    csum, nsum = c0.sum(axis=2), n0.sum(axis=2)
     with np.errstate(invalid="ignore", divide="ignore"):
-        per_seed = np.where(nsum > 0, csum / np.where(nsum > 0, nsum, 1.0), np.nan)  # [G, K]
+        per_seed = np.where(present & (nsum > 0), csum / np.where(nsum > 0, nsum, 1.0), np.nan)  # [G, K]
     return seq_rep, rep, per_seed
 
 
@@ -169,7 +211,7 @@ def null_percentiles(committed: Any, cycles: Any, subjects: Sequence[int], null:
     if c.shape[2] < 2:
         raise AcceptanceError(f"intervals need at least 2 held-out sequences, got {c.shape[2]}")
     _, rep, per_seed = _replicates(c, n, n_boot, seed)
-    point = per_seed.mean(axis=1)
+    point = np.nanmean(per_seed, axis=1)
 
     def share(mine: np.ndarray, others: np.ndarray) -> np.ndarray:
         return ((others < mine[..., None]).sum(-1) + 0.5 * (others == mine[..., None]).sum(-1)) / others.shape[-1]
@@ -224,45 +266,71 @@ def tau_intervals(committed: Any, cycles: Any, *, reference: int | None = None, 
         raise AcceptanceError(f"family={family} must list distinct drafters 0..{G - 1} other than the reference")
 
     seq_rep, rep, per_seed = _replicates(c, n, n_boot, seed)
-    point = per_seed.mean(axis=1)
+    counts = seed_counts(c)
+    point = np.nanmean(per_seed, axis=1)
 
-    # between-seed variance: 0 for a drafter whose scores do not change with the seed (a floor)
-    varies = np.array([K >= 2 and not (np.all(c[g] == c[g, :1]) and np.all(n[g] == n[g, :1])) for g in range(G)])
-    s2 = per_seed.var(axis=1, ddof=1) if K >= 2 else np.zeros(G)
-    pooled = pool_seeds and varies.sum() >= 2
-    sigma2 = np.where(varies, s2[varies].mean() if pooled else s2, 0.0)
-    df_seed = int(varies.sum()) * (K - 1) if pooled else K - 1
+    # between-seed variance: 0 for a drafter whose scores do not change with the seed (a floor,
+    # passed repeated per seed); a trained head with one seed has one, unobserved (taken from the pool)
+    fixed = np.array([counts[g] >= 2 and all(np.array_equal(c[g, k], c[g, 0]) and np.array_equal(n[g, k], n[g, 0])
+                                              for k in range(counts[g])) for g in range(G)])
+    observed = (counts >= 2) & ~fixed
+    s2 = np.array([np.var(per_seed[g, :counts[g]], ddof=1) if counts[g] >= 2 else 0.0 for g in range(G)])
+    pooled = pool_seeds and observed.sum() >= 2
+    df_seed = int((counts[observed] - 1).sum()) if pooled else 0
+    if pooled:  # the ANOVA error term: each drafter's variance weighted by its degrees of freedom
+        sigma2 = np.where(fixed, 0.0, float(((counts[observed] - 1) * s2[observed]).sum() / df_seed))
+    else:
+        sigma2 = np.where(observed, s2, 0.0)
+    # a trained drafter whose seed variance is neither its own nor pooled gets the sequence
+    # percentile interval, labelled "sequences only" (what bootstrap_tau gave before seeds counted)
+    estimated = fixed | observed | (pooled & ~fixed)
+    lone = np.flatnonzero((counts == 1) & ~fixed & estimated)
+    if len(lone):  # a one-seed head's seed draw: normal with the pooled variance, so max-T sees its seed noise
+        z = np.random.default_rng([seed, 2]).standard_normal((n_boot, len(lone)))
+        rep[:, lone] += np.sqrt(sigma2[lone]) * z
     alpha = 1 - level
 
-    def interval(est: np.ndarray, seq_b: np.ndarray, v_seed: np.ndarray) -> tuple[np.ndarray, ...]:
+    def interval(est: np.ndarray, seq_b: np.ndarray, v_seed: np.ndarray, df_part: np.ndarray,
+                 has_seed: np.ndarray) -> tuple[np.ndarray, ...]:
         v_seq = seq_b.var(axis=0, ddof=1)
-        se, df = np.sqrt(v_seed + v_seq), satterthwaite(v_seed, v_seq, df_seed, S - 1)
+        se = np.sqrt(v_seed + v_seq)
+        df = np.array([satterthwaite(v_seed[g], v_seq[g], df_part[g], S - 1) for g in range(len(est))]).reshape(-1)
         seq_lo, seq_hi = np.quantile(seq_b, alpha / 2, axis=0), np.quantile(seq_b, 1 - alpha / 2, axis=0)
-        if K == 1:  # nothing to add: the sequence-only percentile interval, as before seeds were resampled
-            return seq_lo, seq_hi, se, df, v_seq, seq_lo, seq_hi
         half = t_critical(np.full(len(est), alpha), df) * se
-        return est - half, est + half, se, df, v_seq, seq_lo, seq_hi
+        lo = np.where(has_seed, est - half, seq_lo)
+        hi = np.where(has_seed, est + half, seq_hi)
+        return lo, hi, se, df, v_seq, seq_lo, seq_hi
 
-    lo, hi, se, df, _, seq_lo, seq_hi = interval(point, seq_rep, sigma2 / K)
+    own_df = np.where(pooled, df_seed, counts - 1)
+    lo, hi, se, df, _, seq_lo, seq_hi = interval(point, seq_rep, sigma2 / counts, own_df, estimated)
     rows: list[dict[str, float]] = [
         {"tau": float(point[g]), "tau_lo": float(lo[g]), "tau_hi": float(hi[g]), "tau_se": float(se[g]),
          "tau_df": float(df[g]), "tau_seq_lo": float(seq_lo[g]), "tau_seq_hi": float(seq_hi[g]),
-         "tau_seed_std": float(np.std(per_seed[g], ddof=1)) if K > 1 else 0.0}
+         "tau_seed_std": float(math.sqrt(s2[g])), "seeds": int(counts[g])}
         for g in range(G)]
-    out = TauIntervals(rows, K, S, level, seed_df=df_seed, pooled_seed_std=float(math.sqrt(sigma2.max())))
+    out = TauIntervals(rows, int(counts.max()), S, level, seed_df=df_seed if pooled else K - 1,
+                       pooled_seed_std=float(math.sqrt(sigma2.max())), seeds_per_drafter=[int(k) for k in counts])
     if reference is None:
         return out
 
-    d_seed = per_seed - per_seed[reference]  # [G, K] per-seed differences (seeds paired)
+    common = np.minimum(counts, counts[reference])  # seeds both drafters have, paired by index
+    d_seed = [per_seed[g, :common[g]] - per_seed[reference, :common[g]] for g in range(G)]
     d_point = point - point[reference]
     d_seq, d_rep = seq_rep - seq_rep[:, [reference]], rep - rep[:, [reference]]
-    same = np.array([np.array_equal(c[g], c[reference]) and np.array_equal(n[g], n[reference]) for g in range(G)])
+    same = np.array([np.array_equal(c[g], c[reference], equal_nan=True)
+                     and np.array_equal(n[g], n[reference], equal_nan=True) for g in range(G)])
     if pooled:  # two independent training runs (a positive pairing correlation only makes this conservative)
-        dv_seed = (sigma2 + sigma2[reference]) / K
-    else:
-        dv_seed = d_seed.var(axis=1, ddof=1) / K if K >= 2 else np.zeros(G)
+        dv_seed = sigma2 / counts + sigma2[reference] / counts[reference]
+        d_df = np.full(G, df_seed)
+    else:  # each drafter's own: the paired per-seed differences where both have the same seeds
+        paired = (counts == counts[reference]) & (counts >= 2)
+        dv_seed = np.array([np.var(d_seed[g], ddof=1) / counts[g] if paired[g]
+                            else sigma2[g] / counts[g] + sigma2[reference] / counts[reference] for g in range(G)])
+        d_df = np.where(paired, counts - 1, np.minimum(np.maximum(counts - 1, 0),
+                                                        np.maximum(counts[reference] - 1, 0)))
     dv_seed = np.where(same, 0.0, dv_seed)
-    dlo, dhi, dse, ddf, dv_seq, dseq_lo, dseq_hi = interval(d_point, d_seq, dv_seed)
+    d_has = (estimated & estimated[reference]) | same
+    dlo, dhi, dse, ddf, dv_seq, dseq_lo, dseq_hi = interval(d_point, d_seq, dv_seed, d_df, d_has)
     for g, r in enumerate(rows):
         r.update(diff=float(d_point[g]), diff_lo=float(dlo[g]), diff_hi=float(dhi[g]), diff_se=float(dse[g]),
                  diff_seq_lo=float(dseq_lo[g]), diff_seq_hi=float(dseq_hi[g]),
@@ -302,4 +370,5 @@ def max_t(replicates: np.ndarray, estimate: np.ndarray, df: np.ndarray,
     return crit, alpha_pc, per
 
 
-__all__ = ["TauIntervals", "basis", "check_level", "max_t", "satterthwaite", "t_critical", "tau_intervals", "tau_replicates"]
+__all__ = ["TauIntervals", "basis", "check_level", "max_t", "satterthwaite", "seed_counts", "t_critical", "tau_intervals",
+           "tau_replicates"]
