@@ -66,7 +66,7 @@ def with_profile(command: str, profile: str) -> str:
     """The README's main command with its ``--profile`` value replaced by ``profile`` (refused
     where the command names none, or the profile does not exist)."""
     sys.path.insert(0, str(ROOT))
-    from wavesurf.profiles import profile_names
+    from wavesurf.book.profiles import profile_names
 
     if profile not in profile_names():
         raise SystemExit(f"--profile {profile!r} is not a profile; available: {', '.join(profile_names())}")

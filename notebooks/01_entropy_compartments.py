@@ -34,9 +34,9 @@ import matplotlib.pyplot as plt
 import numpy as np
 from myst_nb import glue
 
-from wavesurf import paper, plots
-from wavesurf.notebook import open_notebook
-from wavesurf.stats import compartment_label, variants
+from wavesurf.book import paper, plots, variants
+from wavesurf.book.notebook import open_notebook
+from wavesurf.stats import compartment_label
 
 P, target = open_notebook(model, dataset, max_tokens, profile, seed, device)
 

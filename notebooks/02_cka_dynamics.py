@@ -33,9 +33,8 @@ import matplotlib.pyplot as plt
 import numpy as np
 from myst_nb import glue
 
-from wavesurf import paper, plots
-from wavesurf.notebook import open_notebook
-from wavesurf.stats import variants
+from wavesurf.book import paper, plots, variants
+from wavesurf.book.notebook import open_notebook
 
 P, target = open_notebook(model, dataset, max_tokens, profile, seed, device)
 

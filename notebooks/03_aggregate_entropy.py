@@ -35,10 +35,9 @@ import numpy as np
 from myst_nb import glue
 
 import wavesurf as ws
-from wavesurf import paper, plots
-from wavesurf.select import all_subsets
-from wavesurf.notebook import open_notebook
-from wavesurf.stats import variants
+from wavesurf.book import paper, plots, variants
+from wavesurf.book.notebook import open_notebook
+from wavesurf.stats.layer_sets import all_subsets
 
 P, target = open_notebook(model, dataset, max_tokens, profile, seed, device)
 

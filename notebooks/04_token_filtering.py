@@ -39,10 +39,10 @@ import numpy as np
 from myst_nb import glue
 
 import wavesurf as ws
-from wavesurf import paper, plots
+from wavesurf.book import paper, plots, tables, variants
+from wavesurf.book.notebook import open_notebook
 from wavesurf.select import sweep_rows
-from wavesurf.notebook import open_notebook
-from wavesurf.stats import variants
+from wavesurf.stats.results import control_view
 
 P, target = open_notebook(model, dataset, max_tokens, profile, seed, device)
 
@@ -57,7 +57,7 @@ sweep = variants.profile_stats(target, P, names)
 rows = sweep_rows(sweep, method="combined")
 paper.write_csv(rows, "tables/04_token_filtering.csv")
 sel = variants.profile_stats(target, P, ["selection"])["selection"]
-ctrl = variants.control_view(sel)
+ctrl = control_view(sel)
 ids = sel.layer_ids
 
 # %% tags=["hide-input"]
@@ -84,7 +84,7 @@ cols = ["filter", "subset", "threshold_nats", "kept_fraction", "tokens", "mean_n
 if any("mean_neighbour_cka_minus_random" in r for r in rows):  # filtered minus random, with its interval
     cols[-1:-1] = ["mean_neighbour_cka_minus_random", "mean_neighbour_cka_minus_random_low",
                    "mean_neighbour_cka_minus_random_high", "selected_in_resamples"]
-HTML(plots.html_table(rows, cols, headers={"threshold_nats": "threshold (nats)", "kept_fraction": "kept",
+HTML(tables.html_table(rows, cols, headers={"threshold_nats": "threshold (nats)", "kept_fraction": "kept",
                                            "mean_normalized_entropy": "mean S₁/max", "mean_neighbour_cka": "mean CKA(i,i+1)",
                                            "mean_cka_to_last": "mean CKA(i,N)", "n_compartments": "compartments",
                                            "selected_ids": "combined picks",

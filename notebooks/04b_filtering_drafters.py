@@ -33,8 +33,8 @@ device = "auto"  # auto, cpu, cuda, cuda:N
 import matplotlib.pyplot as plt
 from myst_nb import glue
 
-from wavesurf import paper, plots
-from wavesurf.notebook import open_notebook
+from wavesurf.book import paper, plots, tables
+from wavesurf.book.notebook import open_notebook
 
 P, target = open_notebook(model, dataset, max_tokens, profile, seed, device)
 
@@ -54,7 +54,7 @@ paper.write_csv(rows, "tables/04b_filtering_drafters.csv")
 # %% tags=["remove-input"]
 from IPython.display import HTML
 
-HTML(plots.html_table(rows, headers={"layer_ids": "ids, all positions", "filtered_layer_ids": "ids, filtered",
+HTML(tables.html_table(rows, headers={"layer_ids": "ids, all positions", "filtered_layer_ids": "ids, filtered",
                                      "same_set": "same set", "tau": "τ, all", "filtered_tau": "τ, filtered",
                                      "diff": "Δ filtered − all", "diff_lo": "Δ lo", "diff_hi": "Δ hi"},
                       floatfmt=".3f"))

@@ -31,10 +31,9 @@ device = "auto"  # auto, cpu, cuda, cuda:N
 import matplotlib.pyplot as plt
 from myst_nb import glue
 
-from wavesurf import paper, plots
+from wavesurf.book import paper, plots, tables, variants
+from wavesurf.book.notebook import open_notebook
 from wavesurf.select import selection_rows
-from wavesurf.notebook import open_notebook
-from wavesurf.stats import variants
 
 P, target = open_notebook(model, dataset, max_tokens, profile, seed, device)
 
@@ -54,7 +53,7 @@ from IPython.display import HTML
 
 iv_cols = (["delta_aggregate_entropy2_low", "delta_aggregate_entropy2_high", "redundancy2_low", "redundancy2_high",
             "chosen_in_resamples"] if stats.has_intervals else [])
-HTML(plots.html_table(
+HTML(tables.html_table(
     rows, ["method", "layer_ids", "sglang_layer_ids", "mean_entropy_nats", "mean_pairwise_cka", "aggregate_entropy2_nats",
            "redundancy2_nats", "delta_aggregate_entropy2_vs_default", *iv_cols],
     headers={"layer_ids": "ids (vLLM)", "sglang_layer_ids": "ids (SGLang)", "mean_entropy_nats": "mean S₁ (nats)",
@@ -65,7 +64,7 @@ HTML(plots.html_table(
              "chosen_in_resamples": "same set in resamples"}))
 
 # %% tags=["remove-input"]
-HTML(plots.html_table(rows, ["method", "reason"]))
+HTML(tables.html_table(rows, ["method", "reason"]))
 
 # %% tags=["hide-input"]
 sets = {r["method"]: r["layer_ids"] for r in rows}

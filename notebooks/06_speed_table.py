@@ -38,7 +38,7 @@
 model = "smollm2-135m"  # embedded name, local directory or HF id
 dataset = "sharegpt"  # corpus of the statistics that select the layer sets
 max_tokens = None  # None: the profile's analysis token budget
-profile = "default"  # smoke | default | long | paper (drafter budgets: wavesurf.profiles)
+profile = "default"  # smoke | default | long | paper (drafter budgets: wavesurf.book.profiles)
 seed = 0  # statistics controls and the random layer sets
 device = "auto"  # auto, cpu, cuda, cuda:N
 
@@ -47,9 +47,9 @@ device = "auto"  # auto, cpu, cuda, cuda:N
 import matplotlib.pyplot as plt
 from myst_nb import glue
 
-from wavesurf import paper, plots
-from wavesurf.notebook import open_notebook
-from wavesurf.speed_table import seeds_clause
+from wavesurf.book import paper, plots, tables
+from wavesurf.book.notebook import open_notebook
+from wavesurf.book.verdicts import seeds_clause
 
 P, target = open_notebook(model, dataset, max_tokens, profile, seed, device)
 
@@ -68,7 +68,7 @@ paper.write_csv(table.streams, "tables/06_streams.csv")
 # %% tags=["remove-input"]
 from IPython.display import HTML
 
-HTML(plots.html_table(
+HTML(tables.html_table(
     table.summary, ["layer_set", "group", "layer_ids", "seeds", "tau", "tau_lo", "tau_hi", "tau_seed_std", "diff",
                     "diff_lo", "diff_hi", "diff_unadj_lo", "diff_unadj_hi", "verdict", "rescue", "rescue_lo",
                     "rescue_hi", "lookup_tau", "lookup_diff", "lookup_diff_lo", "lookup_diff_hi"],
@@ -80,7 +80,7 @@ HTML(plots.html_table(
     floatfmt=".3f"))
 
 # %% tags=["remove-input"]
-HTML(plots.html_table(
+HTML(tables.html_table(
     table.streams, ["layer_set", "layer_id", "share", "contribution_rms", "stream_rms", "tau_without", "drop", "drop_lo",
                     "drop_hi"],
     headers={"layer_set": "layer set", "layer_id": "layer (vLLM id)", "share": "share of fc input",
@@ -119,7 +119,7 @@ print("layer sets trained:", len(sets), "| lossless (T=0) on every timed prompt:
       all(r["lossless_prompts"] == r["prompts"] for r in table.timed))
 
 # %% tags=["remove-input"]
-HTML(plots.html_table(
+HTML(tables.html_table(
     table.timed, ["role", "layer_set", "layer_ids", "dataset", "draft_len_run", "min_confidence", "predicted_speedup",
                   "tau", "speedup", "speedup_lo", "speedup_hi", "tokens_per_second", "hf_tokens_per_second", "lossless_prompts", "prompts"],
     headers={"layer_set": "layer set", "layer_ids": "ids (vLLM)", "tau": "τ (timed runs)",
@@ -286,7 +286,7 @@ glue("limitations", " ".join([
 import numpy as np
 
 from wavesurf.criteria import criteria_sentence, criteria_vs_tau, set_criteria
-from wavesurf.select import all_subsets
+from wavesurf.stats.layer_sets import all_subsets
 
 stats = paper.profile_stats(target, P, ["selection"], progress=False)["selection"]
 trained = [s for s in sets if s.name in table.runs]
@@ -298,6 +298,10 @@ paper.write_csv([{"layer_set": s.name, "layer_ids": " ".join(map(str, s.layer_id
                   **{k: round(v, 5) for k, v in c.items()}} for s, c in zip(trained, criteria)],
                 "tables/06_criteria_by_set.csv")
 glue("criteria_sentence", criteria_sentence(criteria_rows, table.info["level"]), display=False)
+glue("criteria_caveat", f"A correlation over {len(trained)} layer sets is rough whatever its sign"
+     + ("; the heads clear both floors here (above), so the τ it ranks carries what the layers add."
+        if table.info["can_rank"]["ok"] else
+        ", and the heads do not clear both floors here (above), so the τ it ranks is mostly noise."), display=False)
 k = len(trained[0].layer_ids)
 every = all_subsets(range(1, target.n_layers + 1), k)
 fig, ax = plt.subplots(figsize=(6.2, 4.2))
@@ -316,8 +320,7 @@ plt.close(fig)
 # matrix entropy, aggregate entropy, redundancy, mean pairwise CKA; on the statistics selection
 # reads) is evaluated on every layer set this table trained and correlated with those sets' τ
 # ({download}`tables/06_criteria.csv`, per set {download}`tables/06_criteria_by_set.csv`).
-# {glue:text}`criteria_sentence` A correlation over a dozen sets is rough whatever its sign,
-# and while the heads sit near their floors (above) the τ it ranks is mostly noise.
+# {glue:text}`criteria_sentence` {glue:text}`criteria_caveat`
 #
 # ```{glue:figure} fig_criteria
 # Every layer set of this size placed by its redundancy (x) and aggregate entropy (y, both α = 2,

@@ -30,10 +30,9 @@ import matplotlib.pyplot as plt
 import numpy as np
 from myst_nb import glue
 
-from wavesurf import paper, plots
+from wavesurf.book import paper, plots, tables, variants
+from wavesurf.book.notebook import open_notebook
 from wavesurf.select import cross_model_rows
-from wavesurf.notebook import open_notebook
-from wavesurf.stats import variants
 
 P, target = open_notebook(model, dataset, max_tokens, profile, seed, device)
 
@@ -74,7 +73,7 @@ from IPython.display import HTML
 
 table = cross_model_rows(bases, selections, methods=("default", "aggregate", "combined"))
 paper.write_csv(table, "tables/07_cross_model.csv")
-HTML(plots.html_table(table))
+HTML(tables.html_table(table))
 
 # %% tags=["remove-input"]
 glue("n_models", len(models), display=False)

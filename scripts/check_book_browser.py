@@ -1,5 +1,7 @@
 """Open the built book in headless Chromium and fail on a missing figure, a broken image, an
-asset fetched from the network, or equations MathJax did not typeset.
+asset fetched from the network, equations MathJax did not typeset, or a table that does not fit
+the page at a laptop width (one that runs past the text column or is cut by it, instead of
+scrolling inside its own box).
 
 Serves ``book/_build/html`` on 127.0.0.1 (loopback only), loads every results page (plus the
 introduction) inside a same-origin checker page that waits for the images and reports each one's
@@ -25,10 +27,12 @@ import threading
 from pathlib import Path
 
 CHECKER = """<!doctype html><html><body><pre id="result">pending</pre>
-<iframe id="f" style="width:1280px;height:2000px"></iframe>
+<iframe id="f" style="height:2000px"></iframe>
 <script>
-const page = new URLSearchParams(location.search).get("page");
+const q = new URLSearchParams(location.search);
+const page = q.get("page");
 const f = document.getElementById("f");
+f.style.width = (q.get("width") || "1280") + "px";
 f.onload = async () => {
   const doc = f.contentDocument;
   const imgs = Array.from(doc.querySelectorAll("main img, article img, .bd-article img"));
@@ -44,8 +48,26 @@ f.onload = async () => {
     glued_as_text: (text.match(/<Figure size [^>]*>/g) || []).length,
     remote_assets: remote, math: doc.querySelectorAll("mjx-container").length,
     raw_math: doc.querySelectorAll(".math").length,
+    tables: tableFit(doc, f.contentWindow),
   });
 };
+// each table of the article: does it fit the text column, scroll inside a box, or get cut?
+function tableFit(doc, win) {
+  const main = doc.querySelector(".bd-article, article, main") || doc.body;
+  const right = main.getBoundingClientRect().right;
+  return Array.from(main.querySelectorAll("table")).map(t => {
+    const r = t.getBoundingClientRect();
+    let scrolls = false, clipRight = Infinity;
+    for (let a = t.parentElement; a && a !== main.parentElement; a = a.parentElement) {
+      const ox = win.getComputedStyle(a).overflowX;
+      if (ox === "auto" || ox === "scroll") { scrolls = true; clipRight = Math.min(clipRight, a.getBoundingClientRect().right); break; }
+      if (ox === "hidden" || ox === "clip") { clipRight = Math.min(clipRight, a.getBoundingClientRect().right); }
+    }
+    const visibleRight = Math.min(r.right, clipRight);
+    return {cls: t.className, width: Math.round(r.width), scrolls,
+            cut: !scrolls && r.right > clipRight + 1, past_page: visibleRight > right + 1};
+  });
+}
 f.src = page;
 </script></body></html>"""
 
@@ -90,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--html", default="book/_build/html", help="built book (default book/_build/html)")
     ap.add_argument("--out", default="runs/browser", help="screenshots folder (default runs/browser)")
-    ap.add_argument("--width", type=int, default=1280)
+    ap.add_argument("--width", type=int, default=1400, help="window width in pixels (default 1400, a laptop)")
     ap.add_argument("--height", type=int, default=3000, help="screenshot height in pixels (default 3000)")
     args = ap.parse_args(argv)
     html, out = Path(args.html), Path(args.out)
@@ -109,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     problems: list[str] = []
     try:
         for page in pages:
-            url = f"http://127.0.0.1:{port}/__check.html?page=/{page}"
+            url = f"http://127.0.0.1:{port}/__check.html?page=/{page}&width={args.width}"
             proc = chromium(exe, "--virtual-time-budget=20000", "--dump-dom", url)
             m = re.search(r'<pre id="result">(.*?)</pre>', proc.stdout, re.S)
             raw = m.group(1) if m else ""
@@ -138,7 +160,14 @@ def main(argv: list[str] | None = None) -> int:
             if info["glued_as_text"]:
                 problems.append(f"{page}: {info['glued_as_text']} figure(s) rendered as '<Figure size ...>' text")
                 status = "FIGURE AS TEXT"
-            print(f"{status:<14} {page}  ({len(info['images'])} images, {info['math']} equations typeset) -> {shot}")
+            unfit = [t for t in info.get("tables", []) if t["cut"] or t["past_page"]]
+            if unfit:
+                problems.append(f"{page}: {len(unfit)} table(s) do not fit at {args.width} px "
+                                f"({', '.join(('cut' if t['cut'] else 'past the page') + ' ' + str(t['width']) + ' px' for t in unfit)})")
+                status = "TABLE UNFIT"
+            scrolling = sum(t["scrolls"] for t in info.get("tables", []))
+            print(f"{status:<14} {page}  ({len(info['images'])} images, {info['math']} equations typeset, "
+                  f"{len(info.get('tables', []))} tables, {scrolling} scroll in their box) -> {shot}")
     finally:
         server.shutdown()
     if problems:

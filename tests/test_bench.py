@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 
 from wavesurf.bench import (
-    METHODS, BenchError, BenchPrompt, BenchSettings, bench_prompts, head_fingerprint, prompt_ids, run_bench, untrained_head,
+    DECODE_METHODS, BenchError, BenchPrompt, BenchSettings, bench_prompts, prompt_ids, run_bench, untrained_head,
 )
 from wavesurf.cache import params_key
+from wavesurf.drafter.head import head_fingerprint
 from wavesurf.cli import main
 
 
@@ -19,7 +20,7 @@ def test_run_bench_rows_summary_and_cache(smollm, tmp_cache):
     head = untrained_head(smollm)
     settings = BenchSettings(n_prompts=1, max_new_tokens=6, mode="chain", draft_len=3)
     res = run_bench(smollm, head, "mt-bench", settings, progress=False)
-    assert [r["method"] for r in res.rows] == list(METHODS)
+    assert [r["method"] for r in res.rows] == list(DECODE_METHODS)
     for r in res.rows:
         assert r["turns"] == 2 and r["prompt_id"] == "mt-bench/81"
         assert 2 <= r["new_tokens"] <= 12 and r["lossless"] is True  # every method equals HF greedy
@@ -31,14 +32,14 @@ def test_run_bench_rows_summary_and_cache(smollm, tmp_cache):
     assert m["hf_generate"]["speedup"] == 1.0 and m["eagle3"]["lossless"] == "1/1"
     assert res.path is not None and (res.path / "summary.json").is_file()
     with open(res.path / "rows.csv") as fh:
-        assert len(list(csv.DictReader(fh))) == len(METHODS)
+        assert len(list(csv.DictReader(fh))) == len(DECODE_METHODS)
     assert json.loads((res.path / "summary.json").read_text())["settings"]["drafter"] == head_fingerprint(head)
     # the cache key: exactly these names (results cached before BenchSettings keep their keys)
     assert res.key == params_key(res.settings) and sorted(res.settings) == sorted([
         "model", "drafter", "dataset", "split", "split_seed", "n_prompts", "max_new_tokens", "mode", "depth", "top_k",
         "total_tokens", "temperature", "seed", "methods", "prompt_lookup_tokens", "max_prompt_tokens", "warmup",
         "tie_eps", "device", "threads", "wavesurf", "layer_ids", "draft_vocab_size"])
-    assert res.settings["methods"] == list(METHODS) and (res.settings["depth"], res.settings["top_k"]) == (3, 1)
+    assert res.settings["methods"] == list(DECODE_METHODS) and (res.settings["depth"], res.settings["top_k"]) == (3, 1)
     again = run_bench(smollm, head, "mt-bench", settings, progress=False)  # served from the cache: same key, same numbers
     assert again.key == res.key and again.rows[0]["seconds"] == res.rows[0]["seconds"]
     other = untrained_head(smollm, seed=1)  # another drafter is never served this result

@@ -52,3 +52,12 @@ def test_benchmarks_readme_results_section_is_up_to_date():
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "render.py"), "--check"], capture_output=True,
                           text=True, timeout=60)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_fresh_clone_can_run_the_main_command_with_another_profile():
+    main = "./setup.sh && .venv/bin/wavesurf reproduce --model smollm2-135m --profile default"
+    assert FRESH["with_profile"](main, "long") == main.replace("--profile default", "--profile long")
+    with pytest.raises(SystemExit, match="'longer' is not a profile; available: smoke, default, long, paper"):
+        FRESH["with_profile"](main, "longer")
+    with pytest.raises(SystemExit, match="names 0 --profile options"):
+        FRESH["with_profile"]("./setup.sh && .venv/bin/wavesurf reproduce --model smollm2-135m", "long")

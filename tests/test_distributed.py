@@ -24,7 +24,8 @@ def _free_port() -> int:
 
 def test_two_processes_equal_one(tiny_model_dir, tmp_path, monkeypatch):
     from wavesurf.models import load_target
-    from wavesurf.stats.analysis import AnalysisSettings, analyze, load_stats
+    from wavesurf.stats.analysis import AnalysisSettings, analyze
+    from wavesurf.stats.store import load_stats
 
     model_dir, _ = tiny_model_dir("llama")
     env = {**os.environ, "WAVESURF_CACHE": str(tmp_path / "cache"), "HF_HUB_OFFLINE": "1"}

@@ -4,13 +4,14 @@ import json
 import numpy as np
 import pytest
 
-from wavesurf import paper
 from wavesurf import select as sel
+from wavesurf.book import paper
 from wavesurf.consumers import ConsumerError
-from wavesurf.select import (METHODS, SelectionError, all_subsets, cross_model_rows, select_layers, selection_rows,
+from wavesurf.select import (METHODS, SelectionError, cross_model_rows, select_layers, selection_rows,
                              sweep_rows)
-from wavesurf.stats import variants as stats_variants
+from wavesurf.stats.results import control_view
 from wavesurf.stats.entropy import aggregate_entropy2_closed_form
+from wavesurf.stats.layer_sets import all_subsets
 
 
 @pytest.fixture(scope="module")
@@ -301,7 +302,7 @@ def test_selection_and_sweep_rows(small_stats, tmp_path):
     sweep = sweep_rows({"base": small_stats})
     assert len(sweep) == 1 and sweep[0]["subset"] == "all" and sweep[0]["kept_fraction"] == 1.0
     with pytest.raises(Exception, match="no random control"):
-        stats_variants.control_view(small_stats)
+        control_view(small_stats)
     assert rows[0]["redundancy2_nats"] == round(float(small_stats.redundancy2([[2, 15, 27]])[0]), 4)
 
 
@@ -318,7 +319,7 @@ def test_selection_and_sweep_rows_carry_intervals(interval_stats):
     import matplotlib
 
     matplotlib.use("Agg")
-    from wavesurf import plots
+    from wavesurf.book import plots
 
     rows = selection_rows(interval_stats, k=3)
     for r in rows:

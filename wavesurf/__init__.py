@@ -20,8 +20,8 @@ _PUBLIC = {
     "write_capture": "capture",
     "WavesurfError": "errors", "UnknownModelError": "errors", "ModelNotAvailableError": "errors",
     "MissingAssetError": "errors", "DatasetError": "errors", "BudgetError": "errors", "LayerIdError": "errors",
-    "AnalysisSettings": "stats.analysis", "LayerStats": "stats.analysis", "analyze": "stats.analysis",
-    "load_stats": "stats.analysis",
+    "AnalysisSettings": "stats.analysis", "LayerStats": "stats.results", "analyze": "stats.analysis",
+    "load_stats": "stats.store",
     "METHODS": "select", "Selection": "select", "select_layers": "select",
 }
 

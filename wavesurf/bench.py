@@ -17,26 +17,31 @@ it has one, else a plain ``User: ... / Assistant:`` transcript (HumanEval: the r
 Results are cached under ``cache_root()/results/bench/<key>/`` (``rows.csv``, ``summary.json``,
 manifest); the key covers every parameter, the drafter's weights (sha256), the package version,
 the device and the thread count.
+
+Over ~450 lines because the methods it times run interleaved from one loop with shared warm-up, cost
+measurement and the paired speedup interval.
 """
 from __future__ import annotations
 
 import csv
-import hashlib
 import json
 import platform
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._version import __version__
 from .cache import atomic_directory, cache_root, params_key, read_manifest, write_manifest
 from .errors import BenchError, DatasetError, is_int
 from .settings_cli import setting
 
+if TYPE_CHECKING:
+    from .models import Target
+
 BENCH_DATASETS = ("mt-bench", "humaneval", "sharegpt")
-METHODS = ("hf_generate", "plain", "hf_prompt_lookup", "eagle3")
+DECODE_METHODS = ("hf_generate", "plain", "hf_prompt_lookup", "eagle3")
 MODES = ("chain", "tree", "auto")
 ROW_FIELDS = ("prompt_id", "dataset", "method", "turns", "prompt_tokens", "new_tokens", "target_forwards",
               "tau", "mean_accepted", "tie_rechecks", "paused_tokens", "seconds", "tokens_per_second", "lossless")
@@ -70,7 +75,7 @@ class BenchSettings:
     EAGLE-2 dynamic tree) or ``"auto"`` (the chain length up to ``draft_len``, 0 = plain decoding,
     and a confidence threshold chosen by :func:`wavesurf.drafter.adaptive.tune` on ``n_calibration``
     further prompts); ``tree``: a :class:`~wavesurf.drafter.tree.TreeSpec` to decode with instead of
-    ``mode`` and the shape fields. ``methods``: a subset of :data:`METHODS` (``hf_generate``, the
+    ``mode`` and the shape fields. ``methods``: a subset of :data:`DECODE_METHODS` (``hf_generate``, the
     reference of speedup and losslessness, always runs). ``split_seed``: the ShareGPT split.
     ``lookup_ngram``: n > 0 drafts each chain's first tokens by n-gram lookup over the context
     (suffixes of up to n tokens; :mod:`wavesurf.drafter.lookup`) and lets the head continue after
@@ -92,7 +97,7 @@ class BenchSettings:
     tree: Any = None  # TreeSpec | None (drafter.tree imports torch, this module does not)
     temperature: float = setting(0.0, help="0 = greedy; > 0 samples (lossless in law)")
     seed: int = setting(0, help="sampling seed")
-    methods: tuple[str, ...] = setting(METHODS, help=f"subset of {','.join(METHODS)} (hf_generate always runs)")
+    methods: tuple[str, ...] = setting(DECODE_METHODS, help=f"subset of {','.join(DECODE_METHODS)} (hf_generate always runs)")
     prompt_lookup_tokens: int = setting(10, positive=True, help="HF prompt_lookup_num_tokens")
     max_prompt_tokens: int = setting(512, positive=True, help="skip longer prompts")
     split_seed: int = setting(0, help="seed of the ShareGPT train/stats/heldout split")
@@ -125,9 +130,9 @@ class BenchSettings:
         """Refuse a bad value, naming it and what is allowed."""
         from .drafter.generation import check_decode_settings
 
-        bad = [m for m in self.methods if m not in METHODS]
+        bad = [m for m in self.methods if m not in DECODE_METHODS]
         if bad or not self.methods:
-            raise BenchError(f"methods {bad or list(self.methods)} not allowed; choose from {', '.join(METHODS)}")
+            raise BenchError(f"methods {bad or list(self.methods)} not allowed; choose from {', '.join(DECODE_METHODS)}")
         check_decode_settings(self.max_new_tokens, self.temperature)
         for name in ("n_prompts", "max_prompt_tokens", "prompt_lookup_tokens"):
             if not is_int(getattr(self, name), 1):
@@ -170,7 +175,7 @@ class BenchSettings:
 
 # ---------------------------------------------------------------------------------------------
 # prompts
-def bench_prompts(dataset: str, n_prompts: int, target: Any, max_prompt_tokens: int = 512,
+def bench_prompts(dataset: str, n_prompts: int, target: Target, max_prompt_tokens: int = 512,
                   split_seed: int = 0) -> list[BenchPrompt]:
     """The first ``n_prompts`` items of ``dataset`` whose first turn fits ``max_prompt_tokens``:
     MT-bench (both turns), HumanEval, ShareGPT's held-out split (first user message)."""
@@ -201,7 +206,7 @@ def bench_prompts(dataset: str, n_prompts: int, target: Any, max_prompt_tokens: 
                        f"ask for n_prompts <= {len(out)} or raise max_prompt_tokens")
 
 
-def prompt_ids(target: Any, prompt: BenchPrompt, answers: Sequence[str]) -> list[int]:
+def prompt_ids(target: Target, prompt: BenchPrompt, answers: Sequence[str]) -> list[int]:
     """Token ids asking turn ``len(answers)`` of ``prompt`` after the earlier ``answers``."""
     from .data import generation_prompt_ids
 
@@ -216,16 +221,7 @@ def prompt_ids(target: Any, prompt: BenchPrompt, answers: Sequence[str]) -> list
 
 
 # ---------------------------------------------------------------------------------------------
-def head_fingerprint(head: Any) -> str:
-    """sha256 (16 hex) of the head's config and every tensor (weights, d2t, t2d): the drafter's identity."""
-    digest = hashlib.sha256(json.dumps(head.config.to_dict(), sort_keys=True).encode())
-    for name, t in sorted(head.state_dict().items()):
-        digest.update(name.encode())
-        digest.update(t.detach().cpu().contiguous().numpy().tobytes())
-    return digest.hexdigest()[:16]
-
-
-def untrained_head(target: Any, layer_ids: Sequence[int] | None = None, draft_vocab_size: int = 8192, seed: int = 0):
+def untrained_head(target: Target, layer_ids: Sequence[int] | None = None, draft_vocab_size: int = 8192, seed: int = 0):
     """A deterministic untrained head (vocabulary: the first ``draft_vocab_size`` ids) for smoke
     runs and losslessness checks; it accepts almost nothing, so tau ~ 1."""
     import torch
@@ -238,7 +234,7 @@ def untrained_head(target: Any, layer_ids: Sequence[int] | None = None, draft_vo
     return head.eval()
 
 
-def _run_method(method: str, target: Any, decoder: Any, ids: list[int], max_new_tokens: int, temperature: float,
+def _run_method(method: str, target: Target, decoder: Any, ids: list[int], max_new_tokens: int, temperature: float,
                 seed: int, prompt_lookup: int):
     from .drafter.decode import greedy_generate, hf_generate
 
@@ -252,7 +248,7 @@ def _run_method(method: str, target: Any, decoder: Any, ids: list[int], max_new_
 
 
 def run_bench(
-    target: Any,
+    target: Target,
     head: Any,
     dataset: str = "mt-bench",
     settings: BenchSettings | None = None,
@@ -265,11 +261,13 @@ def run_bench(
     decoding of ``settings`` (:class:`BenchSettings`; its defaults when None); see the module
     docstring for the definitions. Returns tidy rows (one per prompt x method) and a summary; in
     mode 'auto' the choice, its predicted speedup and the cost model go into the summary.
-    ``drafter_id`` names the head in the cache key (default: :func:`head_fingerprint`)."""
+    ``drafter_id`` names the head in the cache key (default:
+    :func:`wavesurf.drafter.head.head_fingerprint`)."""
     import torch
-    from tqdm.auto import tqdm
 
     from .drafter.decode import SpeculativeDecoder, default_tie_eps
+    from .drafter.head import head_fingerprint
+    from .progress import progress_bar
 
     b = settings if settings is not None else BenchSettings()
     if not isinstance(b, BenchSettings):
@@ -324,7 +322,7 @@ def run_bench(
             _run_method(m, target, decoder, ids, 8, temperature, seed, prompt_lookup_tokens)
     rows: list[dict] = []
     t_start = time.perf_counter()
-    bar = tqdm(total=len(prompts) * len(methods), disable=not progress, desc=f"bench {target.name} {dataset}", unit="run")
+    bar = progress_bar(total=len(prompts) * len(methods), disable=not progress, desc=f"bench {target.name} {dataset}", unit="run")
     for pi, prompt in enumerate(prompts):
         order = methods[pi % len(methods):] + methods[: pi % len(methods)]
         acc: dict[str, dict] = {m: {"new_tokens": 0, "target_forwards": 0, "seconds": 0.0, "cycle_tokens": [],
@@ -460,5 +458,5 @@ def load_bench(path: Path) -> BenchResult:
     return BenchResult(rows, summary, manifest.get("key", path.name), path, manifest.get("settings", {}))
 
 
-__all__ = ["BENCH_DATASETS", "METHODS", "BenchError", "BenchPrompt", "BenchResult", "BenchSettings", "bench_prompts", "head_fingerprint",
+__all__ = ["BENCH_DATASETS", "DECODE_METHODS", "BenchError", "BenchPrompt", "BenchResult", "BenchSettings", "bench_prompts",
            "load_bench", "prompt_ids", "run_bench", "summarize", "untrained_head"]

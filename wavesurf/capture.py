@@ -146,7 +146,7 @@ def capture(
     :class:`~wavesurf.errors.BudgetError` before any forward pass.
     """
     import torch
-    from tqdm.auto import tqdm
+    from .progress import progress_bar
 
     if layer_ids is None:
         ids = target.layer_ids
@@ -164,7 +164,7 @@ def capture(
     hooks = ResidualTaps(model, ids)
     mine = [b for i, b in enumerate(batches) if shard is None or shard.owns(i)]
     desc = f"capture {target.name}" + (f" [{shard.rank + 1}/{shard.world}]" if shard is not None and shard.active else "")
-    bar = tqdm(total=sum(len(e) for b in mine for e in b), unit="tok", unit_scale=True, disable=not progress,
+    bar = progress_bar(total=sum(len(e) for b in mine for e in b), unit="tok", unit_scale=True, disable=not progress,
                desc=desc, smoothing=0.1)
     try:
         for index, batch in enumerate(batches):

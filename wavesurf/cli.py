@@ -1,4 +1,8 @@
-"""The ``wavesurf`` command: one verb per step of the pipeline, mirroring the Python API."""
+"""The ``wavesurf`` command: one verb per step of the pipeline, mirroring the Python API.
+
+Over ~450 lines because it has one verb per pipeline step; each verb's options come from its
+settings dataclass (:mod:`wavesurf.settings_cli`), so what remains per verb is wiring and messages.
+"""
 from __future__ import annotations
 
 import argparse
@@ -316,7 +320,7 @@ def cmd_distill(args: argparse.Namespace) -> int:
 
 
 def cmd_reproduce(args: argparse.Namespace) -> int:
-    from .reproduce import reproduce
+    from .book.reproduce import reproduce
 
     summary = reproduce(args.model, args.profile, args.only, dataset=args.dataset, max_tokens=args.max_tokens,
                         seed=args.seed, device=args.device, root=args.root, build=not args.no_build,
@@ -536,7 +540,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_runtime_options(p)
     p.set_defaults(func=cmd_distill)
 
-    from .profiles import PROFILES
+    from .book.profiles import PROFILES
 
     p = sub.add_parser("reproduce", help="run the notebooks for a model and build the book",
                        description="Convert notebooks/ with jupytext, run them with papermill for --model and "

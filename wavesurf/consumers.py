@@ -39,9 +39,12 @@ write. Upstream facts worth knowing:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .errors import ConsumerError
+
+if TYPE_CHECKING:
+    from .models import Target
 
 #: how a consumer turns the ids written in its config into the streams it captures
 IdRule = str
@@ -178,7 +181,7 @@ def consumer(fmt: str, version: str | None = None) -> Consumer:
                         f"{', '.join(versions(fmt))} (the first is the default)")
 
 
-def architecture_of(target: Any) -> str:
+def architecture_of(target: Target) -> str:
     """The HF ``architectures`` entry a serving stack loads ``target`` as (e.g. ``LlamaForCausalLM``)."""
     archs = getattr(target.model.config, "architectures", None) or [type(target.model).__name__]
     return str(archs[0])

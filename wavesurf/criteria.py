@@ -31,7 +31,7 @@ CRITERIA: dict[str, tuple[str, int]] = {
 
 def set_criteria(stats: Any, layer_ids: Sequence[int], probe: Any = None) -> dict[str, float]:
     """Every criterion of :data:`CRITERIA` for one layer set (vLLM ids) from a
-    :class:`~wavesurf.stats.analysis.LayerStats`; ``aggregate_entropy1`` only where the analysis
+    :class:`~wavesurf.stats.results.LayerStats`; ``aggregate_entropy1`` only where the analysis
     kept the cross-layer covariances, ``probe_r2`` only with a probe result
     (:func:`wavesurf.stats.probe.probe_layer_sets`) that scored this set (else NaN)."""
     from .select import AGG1_MAX_DIM

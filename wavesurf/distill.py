@@ -23,6 +23,9 @@ conversations are written in atomically renamed chunk files of ``chunk_examples`
 an interrupted run continues after its last chunk and gives the same corpus. A new budget starts
 from the chunks of an entry with the same other settings (chunks do not depend on the budget). The manifest is
 written last; readers (:func:`wavesurf.data.load_corpus` with ``<corpus>@<model>``) need it.
+
+Over ~450 lines because generation in batches, the resumable chunked cache and the corpus it writes
+share one key and one resume check.
 """
 from __future__ import annotations
 
@@ -32,7 +35,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._version import __version__
 from .cache import (BUILD_FILE, describe_differences, entry_dir, params_key, read_manifest, resume_build,
@@ -42,6 +45,9 @@ from .data import (
     read_generated,
 )
 from .errors import BudgetError, DistillError, is_int
+
+if TYPE_CHECKING:
+    from .models import Target
 
 DISTILL_FORMAT = 1
 DEFAULT_MAX_TOKENS = 100_000
@@ -82,14 +88,14 @@ def check_settings(max_tokens: Any, max_len: Any, max_new_tokens: Any, temperatu
 
 # ---------------------------------------------------------------------------------------------
 # prompts
-def prompt_ids(target: Any, messages: list[dict[str, str]]) -> list[int]:
+def prompt_ids(target: Target, messages: list[dict[str, str]]) -> list[int]:
     """Token ids asking the target for the next assistant message (:func:`wavesurf.data.generation_prompt_ids`)."""
     from .data import generation_prompt_ids
 
     return generation_prompt_ids(target, messages)
 
 
-def answer_text(target: Any, ids: list[int], ended_at_eos: bool) -> str:
+def answer_text(target: Target, ids: list[int], ended_at_eos: bool) -> str:
     """The stored content of an answer: its tokens without the closing EOS (the template adds it
     back), decoded verbatim; plain format drops the one space after ``Assistant:``."""
     text = target.tokenizer.decode(ids[:-1] if ended_at_eos else ids, skip_special_tokens=False,
@@ -137,7 +143,7 @@ def _processor(temperature: float, generators: list[Any] | None):
     return Recorder()
 
 
-def distill_tie_eps(target: Any) -> float:
+def distill_tie_eps(target: Target) -> float:
     """:data:`TIE_EPS` in float32; 0 in bfloat16/float16, whose logits tie exactly so often that
     nearly every batched answer would be re-decoded alone, and whose batch-1 answers depend on
     the GPU's kernels anyway (the same rule as ``wavesurf.drafter.decode.default_tie_eps``)."""
@@ -146,7 +152,7 @@ def distill_tie_eps(target: Any) -> float:
     return default_tie_eps(target, TIE_EPS)
 
 
-def generate_batch(target: Any, prompts: list[list[int]], budgets: list[int], *, eos: set[int],
+def generate_batch(target: Target, prompts: list[list[int]], budgets: list[int], *, eos: set[int],
                    temperature: float = 0.0, row_seeds: list[int] | None = None,
                    tie_eps: float | None = None, packed: bool | None = None) -> list[Answer]:
     """Answers to ``prompts`` (token ids) in one left-padded HF ``generate`` call, each cut at its
@@ -221,7 +227,7 @@ class _Conv:
         return [*self.messages, self.todo[0]]
 
 
-def _distill_chunk(target: Any, examples: list[Example], *, max_len: int, max_new_tokens: int,
+def _distill_chunk(target: Target, examples: list[Example], *, max_len: int, max_new_tokens: int,
                    temperature: float, seed: int, batch_size: int, eos: set[int],
                    on_tokens: Any = None, max_turns: int | None = None) -> list[dict[str, Any]]:
     """Answer every user turn of ``examples`` (the first ``max_turns`` of each, if set), one turn of
@@ -279,7 +285,7 @@ def _distill_chunk(target: Any, examples: list[Example], *, max_len: int, max_ne
 
 
 # ---------------------------------------------------------------------------------------------
-def distill_params(target: Any, dataset: str, split: str | None, split_seed: int, max_tokens: int,
+def distill_params(target: Target, dataset: str, split: str | None, split_seed: int, max_tokens: int,
                    max_len: int, max_new_tokens: int, temperature: float, seed: int,
                    max_turns: int | None = None) -> dict[str, Any]:
     params = {"format": DISTILL_FORMAT, "wavesurf": __version__, "model": target.name, "source": target.source,
@@ -339,7 +345,7 @@ def _reuse_chunks(where: Path, params: dict[str, Any], chunk_examples: int) -> i
 
 
 def distill_corpus(
-    target: Any,
+    target: Target,
     dataset: str = "sharegpt",
     split: str | None = "train",
     max_tokens: int = DEFAULT_MAX_TOKENS,
@@ -364,7 +370,7 @@ def distill_corpus(
     spreads over more independent conversations, the unit the acceptance intervals resample; and
     every round of generation is a full batch). ``on_chunk(index, tokens so far)`` is called after
     each chunk file is on disk. See the module docstring."""
-    from tqdm.auto import tqdm
+    from .progress import progress_bar
 
     from .drafter.decode import eos_ids
 
@@ -413,7 +419,7 @@ def distill_corpus(
                 kept += 1
         i += 1
     resumed = total
-    bar = tqdm(total=max_tokens, initial=min(total, max_tokens), unit="tok", unit_scale=True, disable=not progress,
+    bar = progress_bar(total=max_tokens, initial=min(total, max_tokens), unit="tok", unit_scale=True, disable=not progress,
                desc=f"distill {target.name} {dataset}{f' {split}' if split else ''}", smoothing=0.1)
     t0 = time.perf_counter()
     generated = 0

@@ -217,7 +217,7 @@ def parse_local_source(source: str) -> tuple[Path, str | None] | None:
     return Path(m["path"]).expanduser().resolve(), m["fp"]
 
 
-def same_source(recorded: str | None, target: Any) -> bool:
+def same_source(recorded: str | None, target: Target) -> bool:
     """Whether a cache entry or corpus whose ``source`` is ``recorded`` came from ``target``. Local
     directories compare by resolved path and, where both are known, fingerprint; other sources
     (embedded models, HF ids) by the exact string. None (not recorded) matches anything."""

@@ -1,6 +1,6 @@
 """Layer-selection methods: which k layers (vLLM ids) an EAGLE-3 drafter should read.
 
-Every method scores candidate layers from one :class:`~wavesurf.stats.analysis.LayerStats`
+Every method scores candidate layers from one :class:`~wavesurf.stats.results.LayerStats`
 (entropy per layer, purities, the CKA matrix) and returns a :class:`Selection` with the ids in
 the vLLM convention, the SpecForge/SGLang ids, the scores and a one-line reason.
 
@@ -14,6 +14,10 @@ top-k by S1), ``aggregate`` / ``greedy-aggregate`` (informativeness of the set a
 ``combined`` (standardised informativeness and diversity, trade-off t) and ``probe`` (held-out
 predictive power of a ridge probe, :mod:`wavesurf.stats.probe`; it needs a capture of the target,
 not only statistics). ``entropy-spaced`` keeps the earlier heuristic of top-S1 layers forced apart.
+
+Over ~450 lines because every method in ``METHODS`` lives beside the others it is compared with
+(each isolates one criterion) and shares their candidate and scoring helpers; the tidy tables of
+selections are what the CLI's ``select`` writes.
 """
 from __future__ import annotations
 
@@ -68,11 +72,6 @@ class Selection:
 
 
 # ---------------------------------------------------------------------------------------------
-def all_subsets(layer_ids: Iterable[int], k: int) -> np.ndarray:
-    """Every k-subset of ``layer_ids`` as an ``[m, k]`` int64 array (sorted rows, lexicographic)."""
-    return np.array(list(itertools.combinations(sorted(layer_ids), k)), dtype=np.int64).reshape(-1, k)
-
-
 def check_k(k: Any, n_layers: int) -> int:
     """k layers out of the N+1 layer ids 0..N."""
     if not is_int(k, 1, n_layers + 1):
@@ -278,9 +277,9 @@ def select_greedy_aggregate(ctx: _Context, alpha: float | None = None) -> Select
     if alpha == 2.0:
         score = ctx.s2
     else:
-        from tqdm.auto import tqdm
+        from .progress import progress_bar
 
-        bar = tqdm(total=sum(len(ctx.cand) - j for j in range(1, ctx.k)), desc="greedy alpha=1 aggregate entropy",
+        bar = progress_bar(total=sum(len(ctx.cand) - j for j in range(1, ctx.k)), desc="greedy alpha=1 aggregate entropy",
                    unit="set", disable=None, leave=False)
 
         def score(subsets: np.ndarray) -> np.ndarray:
@@ -619,7 +618,7 @@ def sweep_rows(stats_by_variant: dict[str, Any], method: str = "combined", k: in
     control / all tokens) the kept tokens, threshold, mean entropy, mean neighbour CKA, mean CKA
     to the last layer, compartments and the layer set ``method`` selects."""
     from .stats.cka import cka_to_last, neighbour_cka
-    from .stats.variants import control_view
+    from .stats.results import control_view
 
     rows = []
     for name, stats in stats_by_variant.items():

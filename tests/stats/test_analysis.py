@@ -7,8 +7,9 @@ import torch
 
 from wavesurf.capture import CaptureBatch
 from wavesurf.errors import StatsError, WavesurfError
-from wavesurf.select import all_subsets
-from wavesurf.stats.analysis import AnalysisSettings, _Accumulator, analysis_key, analyze_batches, load_stats
+from wavesurf.stats.layer_sets import all_subsets
+from wavesurf.stats.analysis import AnalysisSettings, _Accumulator, analysis_key, analyze_batches
+from wavesurf.stats.store import load_stats
 from wavesurf.stats.filtering import FilterError
 
 PAIR_LAYERS = [0, 1, 2, 5, 15, 27, 30]

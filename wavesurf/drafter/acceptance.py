@@ -23,6 +23,10 @@ another path.
 Units: ``tau`` is tokens per target forward after the prefill (>= 1); accuracies are fractions.
 Intervals (:func:`bootstrap_tau`, :func:`acceptance_intervals`) resample held-out sequences and
 training seeds; the resampling is in :mod:`wavesurf.drafter.intervals`.
+
+Over ~450 lines because exactness rests on one unroll shared by every scorer here (head alone, after
+lookup, the bigram and lookup floors) and on their one resumable cache entry; splitting them would
+split that argument.
 """
 from __future__ import annotations
 
@@ -31,7 +35,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -42,6 +46,9 @@ from .features import FeatureStore
 from .head import DraftHead
 from .intervals import TauIntervals, tau_intervals
 from .lookup import check_lookup_ngram, lookup_drafts
+
+if TYPE_CHECKING:
+    from ..models import Target
 
 ACCEPTANCE_FORMAT = 1
 #: draft lengths scored by default (chain decoding with 1..6 drafted tokens per cycle)
@@ -214,7 +221,7 @@ def _hits_for(hits_all: np.ndarray, c: Continuation) -> np.ndarray:
     return rows
 
 
-def _check_store(store: FeatureStore, target: Any, layer_ids: Sequence[int] | None) -> None:
+def _check_store(store: FeatureStore, target: Target, layer_ids: Sequence[int] | None) -> None:
     store.check_target(target)
     if layer_ids is not None:
         store.check_layer_ids(layer_ids)
@@ -267,13 +274,13 @@ def _scan_variants(store: FeatureStore, layer_ids: Sequence[int], batch_tokens: 
                    progress: bool, desc: str) -> tuple[list[list[tuple[int, np.ndarray, int]]], list[str], int]:
     """:func:`_scan` for ``n_variants`` drafters whose hits one pass computes together (``hits_fn``
     returns a tuple of [B, T, D] arrays): one segment list per variant."""
-    from tqdm.auto import tqdm
+    from ..progress import progress_bar
 
     batches = store.batches(layer_ids, batch_tokens)
     seq_index = {(s.shard, s.start): i for i, s in enumerate(store.sequences)}
     segments: list[list[tuple[int, np.ndarray, int]]] = [[] for _ in range(n_variants)]
     cut_total = 0
-    for bi in tqdm(range(len(batches)), desc=desc, unit="batch", disable=not progress):
+    for bi in progress_bar(range(len(batches)), desc=desc, unit="batch", disable=not progress):
         batch = batches[bi]
         hits = [h.numpy() for h in hits_fn(batch)]
         for r, s in enumerate(batches.plan[batches.order[bi]]):
@@ -331,7 +338,7 @@ def check_max_draft_len(max_draft_len: Any) -> int:
 
 
 def offline_acceptance(
-    target: Any,
+    target: Target,
     head: DraftHead,
     store: FeatureStore,
     *,
@@ -352,7 +359,7 @@ def offline_acceptance(
 
 
 def offline_acceptances(
-    target: Any,
+    target: Target,
     head: DraftHead,
     store: FeatureStore,
     *,
@@ -367,7 +374,7 @@ def offline_acceptances(
     lookup of each other order, from one unroll of the head over the store (the head's own hits do
     not depend on what drafts before it, :func:`lookup_first`); each result is cached under the
     key :func:`offline_acceptance` gives it, and only the missing ones are computed."""
-    from ..bench import head_fingerprint
+    from .head import head_fingerprint
 
     max_draft_len = check_max_draft_len(max_draft_len)
     lookup_ngrams = list(lookup_ngrams)
@@ -469,7 +476,7 @@ def count_bigrams(encoded: Sequence[Any], vocab_size: int) -> BigramTable:
                                                "roles": "assistant" if has_assistant else "content"})
 
 
-def build_bigram_table(target: Any, dataset: str, split: str | None = "train", split_seed: int = 0,
+def build_bigram_table(target: Target, dataset: str, split: str | None = "train", split_seed: int = 0,
                        max_tokens: int | None = None, max_len: int = 2048) -> BigramTable:
     """Bigram table of ``max_tokens`` tokens (None: all) of a corpus, encoded as for training."""
     from ..data import encode, encode_budget, load_corpus
@@ -486,7 +493,7 @@ def build_bigram_table(target: Any, dataset: str, split: str | None = "train", s
     return table
 
 
-def bigram_acceptance(target: Any, table: BigramTable, store: FeatureStore, *,
+def bigram_acceptance(target: Target, table: BigramTable, store: FeatureStore, *,
                       max_draft_len: int = DEFAULT_MAX_DRAFT_LEN, batch_tokens: int = 4096, name: str = "bigram",
                       use_cache: bool = True, progress: bool = True) -> Acceptance:
     """Chain acceptance of the bigram floor on the same continuations as :func:`offline_acceptance`."""
@@ -544,7 +551,7 @@ def lookup_first(head_part: Any, batch: dict[str, Any], max_draft_len: int, look
     return torch.where(available, lookup_part, head_part)
 
 
-def lookup_acceptance(target: Any, store: FeatureStore, *, max_draft_len: int = DEFAULT_MAX_DRAFT_LEN,
+def lookup_acceptance(target: Target, store: FeatureStore, *, max_draft_len: int = DEFAULT_MAX_DRAFT_LEN,
                       max_ngram: int = 3, batch_tokens: int = 4096, name: str = "lookup", use_cache: bool = True,
                       progress: bool = True) -> Acceptance:
     """Chain acceptance of n-gram lookup drafting (prompt + answer so far as the context) on the

@@ -21,7 +21,7 @@ import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -32,6 +32,9 @@ from .generation import DecodeResult
 from .guard import DraftGuard
 from .head import DraftHead
 from .tree import TreeSpec
+
+if TYPE_CHECKING:
+    from ..models import Target
 
 #: thresholds on the drafted path's probability tried by :func:`choose_setting`
 DEFAULT_THRESHOLDS = (0.0, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
@@ -64,7 +67,7 @@ class CostModel:
     def cycle_seconds(self, drafted: int, draft_steps: int) -> float:
         return self.verify_seconds[drafted] + draft_steps * self.draft_step_seconds
 
-    def check_fits(self, target: Any, draft_len: int) -> None:
+    def check_fits(self, target: Target, draft_len: int) -> None:
         """Refuse a cost model measured on another model or too short for ``draft_len``."""
         if self.model != target.name:
             raise DecodeError(f"the cost model was measured on {self.model!r}, not on the target {target.name!r}; "
@@ -98,7 +101,7 @@ def median_seconds(fn, repeats: int) -> float:
 _MEASURED: dict[tuple, CostModel] = {}
 
 
-def _costs_key(target: Any, head: DraftHead, *settings: Any) -> tuple:
+def _costs_key(target: Target, head: DraftHead, *settings: Any) -> tuple:
     """What a cost model depends on: the loaded target, the machine's threads, the head's shape
     (not its weights: a draft step costs the same whatever the head learned) and the settings."""
     c = head.config
@@ -108,7 +111,7 @@ def _costs_key(target: Any, head: DraftHead, *settings: Any) -> tuple:
 
 
 @torch.inference_mode()
-def measure_costs(target: Any, head: DraftHead, max_draft_len: int = 6, *, context: int = 256,
+def measure_costs(target: Target, head: DraftHead, max_draft_len: int = 6, *, context: int = 256,
                   repeats: int = 5, packed: bool | None = None, reuse: bool = True) -> CostModel:
     """Time verify forwards of 1..max_draft_len+1 tokens (the decoder's own path, packed weights
     included), one draft-head step over ``context`` cached positions, and HF ``generate`` / our
@@ -128,7 +131,7 @@ def measure_costs(target: Any, head: DraftHead, max_draft_len: int = 6, *, conte
     return costs
 
 
-def _measure(target: Any, head: DraftHead, max_draft_len: int, context: int, repeats: int,
+def _measure(target: Target, head: DraftHead, max_draft_len: int, context: int, repeats: int,
              packed: bool | None) -> CostModel:
     from .baselines import hf_generate
     from .target_runner import TargetRunner
@@ -270,7 +273,7 @@ class PlainDecoder:
     """The ``draft_len = 0`` choice: our one-forward-per-token loop (HF's own step), with the
     decoder interface."""
 
-    def __init__(self, target: Any):
+    def __init__(self, target: Target):
         self.target = target
 
     def generate(self, input_ids: Any, max_new_tokens: int, temperature: float = 0.0, seed: int = 0) -> DecodeResult:
@@ -279,7 +282,7 @@ class PlainDecoder:
         return r
 
 
-def tune(target: Any, head: DraftHead, calibration_ids: Sequence[Sequence[int]], *, max_draft_len: int = 6,
+def tune(target: Target, head: DraftHead, calibration_ids: Sequence[Sequence[int]], *, max_draft_len: int = 6,
          max_new_tokens: int = 64, costs: CostModel | None = None,
          thresholds: Sequence[float] = DEFAULT_THRESHOLDS, lookup_ngram: int = 0) -> tuple[AdaptiveSetting, CostModel]:
     """Measure costs (unless given), run a chain of ``max_draft_len`` without threshold on the
@@ -295,7 +298,7 @@ def tune(target: Any, head: DraftHead, calibration_ids: Sequence[Sequence[int]],
     return choose_setting(calibration_cycles(runs), costs, max_draft_len, thresholds), costs
 
 
-def adaptive_decoder(target: Any, head: DraftHead, setting: AdaptiveSetting, lookup_ngram: int = 0,
+def adaptive_decoder(target: Target, head: DraftHead, setting: AdaptiveSetting, lookup_ngram: int = 0,
                      costs: CostModel | None = None) -> Any:
     """The decoder a setting describes: plain decoding, or a thresholded chain (n-gram lookup
     first when ``lookup_ngram > 0``, as it was tuned). With ``costs`` (the cost model it was tuned

@@ -3,15 +3,18 @@ prompt-lookup decoding) and our own one-forward-per-token loop."""
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from .generation import DecodeResult, as_ids, check_decode_settings, eos_ids, finish_tokens, sample_token
 
+if TYPE_CHECKING:
+    from ..models import Target
+
 
 @torch.inference_mode()
-def greedy_generate(target: Any, input_ids: Any, max_new_tokens: int, temperature: float = 0.0,
+def greedy_generate(target: Target, input_ids: Any, max_new_tokens: int, temperature: float = 0.0,
                     seed: int = 0) -> DecodeResult:
     """Our own KV-cached loop, one target forward per token, HF's default cache and masks (the
     baseline that shows what generate's bookkeeping costs). T > 0 samples."""
@@ -50,7 +53,7 @@ class _ForwardCounter:
 
 
 @torch.inference_mode()
-def hf_generate(target: Any, input_ids: Any, max_new_tokens: int, temperature: float = 0.0, seed: int = 0,
+def hf_generate(target: Target, input_ids: Any, max_new_tokens: int, temperature: float = 0.0, seed: int = 0,
                 prompt_lookup_num_tokens: int | None = None) -> DecodeResult:
     """HF ``model.generate`` (greedy at T=0), optionally prompt-lookup decoding; target forwards
     are counted with a hook."""

@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -60,11 +60,14 @@ from .lookup import NgramIndex, check_lookup_ngram
 from .target_runner import TargetRunner
 from .tree import DraftTree, TreeSpec, check_tree, make_tree, tree_mask
 
+if TYPE_CHECKING:
+    from ..models import Target
+
 #: top-2 logit gap (logit units) below which a T=0 decision is re-made with a one-token forward.
 DEFAULT_TIE_EPS = 1e-3
 
 
-def default_tie_eps(target: Any, float32_eps: float = DEFAULT_TIE_EPS) -> float:
+def default_tie_eps(target: Target, float32_eps: float = DEFAULT_TIE_EPS) -> float:
     """The near-tie threshold for ``target``'s dtype: ``float32_eps`` in float32, 0 (no
     replay) in bfloat16/float16. In half precision the logits are rounded to steps of 1/128 of their
     size, so exact top-2 ties are common, and a verify forward and HF's one-row step differ by whole
@@ -91,7 +94,7 @@ class SpeculativeDecoder:
     Build once per (target, head, tree) and call :meth:`generate` per prompt.
     """
 
-    def __init__(self, target: Any, head: DraftHead, tree: TreeSpec | None = None, *,
+    def __init__(self, target: Target, head: DraftHead, tree: TreeSpec | None = None, *,
                  tie_eps: float | None = None, packed: bool | None = None, min_confidence: float = 0.0,
                  lookup_ngram: int = 0, guard: DraftGuard | None = None):
         head.config.check_target(target)
@@ -357,7 +360,7 @@ class SpeculativeDecoder:
         return path, bonus, None, 0
 
 
-def speculative_generate(target: Any, head: DraftHead, input_ids: Any, max_new_tokens: int, *,
+def speculative_generate(target: Target, head: DraftHead, input_ids: Any, max_new_tokens: int, *,
                          mode: str = "chain", draft_len: int = 4, depth: int = 5, top_k: int = 4,
                          total_tokens: int = 16, temperature: float = 0.0, seed: int = 0,
                          tie_eps: float | None = None) -> DecodeResult:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -24,6 +24,9 @@ from ..errors import AcceptanceError
 from .acceptance import BigramTable, _check_store, _scan, head_hits
 from .features import FeatureStore
 from .head import DraftHead
+
+if TYPE_CHECKING:
+    from ..models import Target
 
 
 @dataclass
@@ -70,7 +73,7 @@ class FloorMisses:
                 "loss_rate": self.loss_rate, "floor_misses": int(self.misses.sum()), "sequences": s}
 
 
-def floor_miss_accuracy(target: Any, head: DraftHead, table: BigramTable, store: FeatureStore, *,
+def floor_miss_accuracy(target: Target, head: DraftHead, table: BigramTable, store: FeatureStore, *,
                         batch_tokens: int = 4096, name: str = "", progress: bool = False) -> FloorMisses:
     """Step-0 agreement of ``head`` with the target's greedy token, split by whether the bigram
     floor (``table``) drafts that position right, on the continuations of ``store``."""

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..cache import atomic_directory
 from ..consumers import (CONSUMERS, FORMATS, PLUS_ONE, Consumer, ConsumerError, arch_rule, architecture_of, check_format,
@@ -38,6 +38,9 @@ from ..consumers import (CONSUMERS, FORMATS, PLUS_ONE, Consumer, ConsumerError, 
                          written_layer_ids)
 from ..models import block_output_ids
 from .head import DraftConfig, DraftHead, DrafterError, load_head
+
+if TYPE_CHECKING:
+    from ..models import Target
 
 DTYPES = ("bfloat16", "float16", "float32")
 WEIGHTS = "model.safetensors"
@@ -55,7 +58,7 @@ def _local_config(path: str | None) -> dict | None:
     return None
 
 
-def resolve_architecture(c: DraftConfig, given: str | None = None, target: Any = None) -> str | None:
+def resolve_architecture(c: DraftConfig, given: str | None = None, target: Target = None) -> str | None:
     """The HF architecture of the target a head was trained on (what serving stacks load it as):
     ``given``, the embedded model's, a loaded ``target``'s, the one recorded at training, the local
     checkpoint's ``config.json`` or the local HF cache's; None when nothing tells."""
@@ -83,7 +86,7 @@ def resolve_architecture(c: DraftConfig, given: str | None = None, target: Any =
 
 
 def resolve_verifier(c: DraftConfig, verifier: str | None = None, architecture: str | None = None,
-                     target: Any = None) -> tuple[str, str]:
+                     target: Target = None) -> tuple[str, str]:
     """The verifier's HF id or local path and its architecture for a head trained on
     ``c.target_name``: the embedded models' HF ids, the local directory the head was trained on
     (speculators accepts a path), a loaded ``target``'s, or what the caller passes."""
@@ -276,7 +279,7 @@ def _ids_read(config: dict[str, Any], fmt: str, version: str | None, n_layers: i
     return read_layer_ids(config, fmt, n_layers, arch, version=version)
 
 
-def load_export(directory: str | Path, target: Any | None = None) -> DraftHead:
+def load_export(directory: str | Path, target: Target | None = None) -> DraftHead:
     """Rebuild a float32 head from an export written by :func:`export_drafter`.
 
     Layer ids are read from the format's own field by the consumer's rule for the target's

@@ -30,7 +30,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -41,6 +41,9 @@ from ..cache import (describe_differences, entry_dir, params_key, read_manifest,
 from ..settings_cli import setting
 from ..data import ROLE_ASSISTANT, ROLE_TEMPLATE, make_batches
 from .head import DrafterError
+
+if TYPE_CHECKING:
+    from ..models import Target
 
 FEATURE_FORMAT = 1
 STORE_DTYPES = ("float16", "float32")
@@ -81,7 +84,7 @@ class TargetHead:
     one), optionally restricted to the rows ``vocab_ids``: next-token logits from stored layer-N
     states without storing [n, V] logits."""
 
-    def __init__(self, target: Any, vocab_ids: Any | None = None):
+    def __init__(self, target: Target, vocab_ids: Any | None = None):
         import torch
 
         from ..taps import decoder_blocks
@@ -131,7 +134,7 @@ def _shard_name(i: int) -> str:
     return f"shard_{i:05d}.safetensors"
 
 
-def store_params(target: Any, settings: FeatureSettings) -> dict[str, Any]:
+def store_params(target: Target, settings: FeatureSettings) -> dict[str, Any]:
     from ..data import generated_corpus_info
 
     ids = sorted(set(target.check_layer_ids(settings.layer_ids) if settings.layer_ids is not None
@@ -147,7 +150,7 @@ def store_params(target: Any, settings: FeatureSettings) -> dict[str, Any]:
 
 
 def build_feature_store(
-    target: Any,
+    target: Target,
     settings: FeatureSettings | None = None,
     *,
     path: str | Path | None = None,
@@ -161,7 +164,7 @@ def build_feature_store(
     written so far)`` is called after each shard is on disk."""
     import torch
     from safetensors.torch import save_file
-    from tqdm.auto import tqdm
+    from ..progress import progress_bar
 
     from ..capture import capture
     from ..data import check_corpus_target, encode, encode_budget, load_corpus
@@ -201,7 +204,7 @@ def build_feature_store(
     torch_dtype = getattr(torch, settings.dtype)
     total = sum(len(e) for e in encoded)
     written = sum(len(e) for b in batches[:done] for e in b)
-    bar = tqdm(total=total, initial=written, unit="tok", unit_scale=True, disable=not progress,
+    bar = progress_bar(total=total, initial=written, unit="tok", unit_scale=True, disable=not progress,
                desc=f"features {target.name}", smoothing=0.1)
     t0 = time.perf_counter()
     widened: list[list[int]] = []  # [shard, layer] stored float32 because float16 would overflow
@@ -303,7 +306,7 @@ class FeatureStore:
         """Disk bytes per stored token, everything included."""
         return sum(f["bytes"] for f in self.manifest["files"].values()) / self.tokens
 
-    def check_target(self, target: Any) -> None:
+    def check_target(self, target: Target) -> None:
         mine = (self.params["model"], self.n_layers, self.hidden_size, self.params["vocab_size"])
         theirs = (target.name, target.n_layers, target.hidden_size, target.vocab_size)
         if mine != theirs:

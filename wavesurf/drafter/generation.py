@@ -3,11 +3,14 @@ end-of-sequence ids, token bookkeeping and sampling."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ..errors import DecodeError, is_int
+
+if TYPE_CHECKING:
+    from ..models import Target
 
 
 def check_decode_settings(max_new_tokens: Any, temperature: Any) -> None:
@@ -57,7 +60,7 @@ class DecodeResult:
                 "tokens_per_second": round(self.tokens_per_second, 3), "stopped": self.stopped}
 
 
-def eos_ids(target: Any) -> set[int]:
+def eos_ids(target: Target) -> set[int]:
     """Token ids that end a generation: the generation config's ``eos_token_id`` (int or list),
     else the tokenizer's."""
     gc = getattr(target.model, "generation_config", None)

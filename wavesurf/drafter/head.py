@@ -15,17 +15,23 @@ The embedding is the target's own (frozen, not a parameter of the head, not save
 computed from explicit key/value tensors and a boolean mask, so the same code serves
 training-time test (keys of earlier unrolled steps), chain drafting and tree drafting (a tree mask
 over cached keys).
+
+Over ~450 lines because the graph, its config (what every export reads) and saving/loading with the
+fingerprint that names a head are one format.
 """
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
 from ..errors import DrafterError, LayerIdError
+
+if TYPE_CHECKING:
+    from ..models import Target
 
 
 
@@ -78,7 +84,7 @@ class DraftConfig:
         return cls(**{k: v for k, v in data.items() if k in known})
 
     @classmethod
-    def for_target(cls, target: Any, layer_ids: list[int], draft_vocab_size: int) -> DraftConfig:
+    def for_target(cls, target: Target, layer_ids: list[int], draft_vocab_size: int) -> DraftConfig:
         """Size the head like one block of the target (the EAGLE-3 choice)."""
         layer_ids = check_draft_layer_ids(layer_ids, target.n_layers)
         if not 1 <= draft_vocab_size <= target.vocab_size:
@@ -108,7 +114,7 @@ class DraftConfig:
             extra=target_extra(target),
         )
 
-    def check_target(self, target: Any) -> None:
+    def check_target(self, target: Target) -> None:
         """Refuse a head trained for another target: name and shapes must match, and a head trained
         on a local directory refuses a checkpoint with another fingerprint."""
         mine = (self.target_name, self.target_n_layers, self.target_hidden_size, self.target_vocab_size)
@@ -130,7 +136,7 @@ class DraftConfig:
             )
 
 
-def target_extra(target: Any) -> dict:
+def target_extra(target: Target) -> dict:
     """What a head records of a local-directory target (``DraftConfig.extra``): its resolved path
     and checkpoint fingerprint, so the head is refused by a changed checkpoint and an export can
     name the directory as the verifier. Empty for other targets (their head configs stay as they were)."""
@@ -408,9 +414,22 @@ def init_head(head: DraftHead, seed: int = 0, std: float = 0.02) -> DraftHead:
     return head
 
 
+
+def head_fingerprint(head: "DraftHead") -> str:
+    """sha256 (16 hex) of the head's config and every tensor (weights, d2t, t2d): the drafter's identity."""
+    import hashlib
+    import json
+
+    digest = hashlib.sha256(json.dumps(head.config.to_dict(), sort_keys=True).encode())
+    for name, t in sorted(head.state_dict().items()):
+        digest.update(name.encode())
+        digest.update(t.detach().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
 __all__ = [
     "DraftConfig", "DraftHead", "DraftStep", "DrafterError", "check_draft_layer_ids", "causal_mask",
-    "init_head", "rope", "rope_frequencies", "save_head", "load_head",
+    "head_fingerprint", "init_head", "rope", "rope_frequencies", "save_head", "load_head",
 ]
 
 
@@ -435,7 +454,7 @@ def save_head(head: DraftHead, directory: Any, info: dict | None = None) -> None
     (directory / HEAD_CONFIG).write_text(json.dumps(payload, indent=2))
 
 
-def load_head(directory: Any, target: Any | None = None, device: str = "cpu") -> tuple[DraftHead, dict]:
+def load_head(directory: Any, target: Target | None = None, device: str = "cpu") -> tuple[DraftHead, dict]:
     """Load a head saved by :func:`save_head`; with ``target``, refuse a head trained for another
     target. Returns the head (eval mode) and its ``info``."""
     import json

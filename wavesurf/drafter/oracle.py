@@ -8,18 +8,21 @@ non-first tree siblings or non-contiguous cache rows; the oracle does. Not for s
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from .head import DraftConfig, DraftHead, DraftStep, init_head
+
+if TYPE_CHECKING:
+    from ..models import Target
 
 
 class OracleHead(DraftHead):
     """At rotary position p the draft predicts token p+2 of ``ref`` (prompt + reference output):
     ranked first, or second behind a wrong token when ``p % miss_every == miss_every - 1``."""
 
-    def __init__(self, target: Any, ref: list[int], miss_every: int = 0):
+    def __init__(self, target: Target, ref: list[int], miss_every: int = 0):
         n = target.n_layers
         extra = [i for i in range(20000) if i not in set(ref)]
         vocab = sorted(set(ref) | set(extra[: 8192 - len(set(ref))]))

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from contextlib import nullcontext
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -20,12 +20,15 @@ from ..errors import DecodeError
 from ..packed import PackedLinears
 from ..taps import ResidualTaps
 
+if TYPE_CHECKING:
+    from ..models import Target
+
 
 class TargetRunner:
     """Target forwards with explicit (tree) masks over a plain ``DynamicCache``, reading the
     drafter's feature layers through forward hooks."""
 
-    def __init__(self, target: Any, layer_ids: Sequence[int], packed: PackedLinears | None = None):
+    def __init__(self, target: Target, layer_ids: Sequence[int], packed: PackedLinears | None = None):
         from transformers import DynamicCache
 
         self.target, self.model = target, target.model

@@ -23,6 +23,9 @@ a CPU target makes them join one gloo group); ``accelerate launch --cpu --num_pr
 only one process unless MPI is set up. Verified: ``accelerate launch --multi_gpu --num_processes 2
 --num_machines 1 --mixed_precision no --dynamo_backend no -m wavesurf.cli train --layers 2,15,27 ...``
 on 2 CPU cores.
+
+Over ~450 lines because the training loop, its resumable checkpoints and the settings whose every
+field keys the checkpoint must stay in one place: a resumed run is refused when any of them differs.
 """
 from __future__ import annotations
 
@@ -35,7 +38,7 @@ import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -46,6 +49,9 @@ from ..settings_cli import setting
 from .features import FeatureStore, TargetHead
 from .head import INPUT_NORMS, DraftConfig, DraftHead, DrafterError, check_draft_layer_ids, init_head, save_head
 from .vocab import build_draft_vocab, check_draft_vocab_size
+
+if TYPE_CHECKING:
+    from ..models import Target
 
 SCHEDULES = ("cosine", "linear", "constant")
 LM_HEAD_INITS = ("random", "target")
@@ -320,11 +326,11 @@ def lr_lambda(settings: TrainSettings, total_steps: int) -> Callable[[int], floa
 
 
 # ---------------------------------------------------------------------------------------------
-def default_out_dir(target: Any, layer_ids: Sequence[int], fingerprint: dict[str, Any]) -> Path:
+def default_out_dir(target: Target, layer_ids: Sequence[int], fingerprint: dict[str, Any]) -> Path:
     return cache_root() / "drafter" / "heads" / f"{safe_name(target.name)}-L{'-'.join(map(str, layer_ids))}-{params_key(fingerprint)}"
 
 
-def init_from_target(head: DraftHead, target: Any) -> DraftHead:
+def init_from_target(head: DraftHead, target: Target) -> DraftHead:
     """Copy the target's unembedding rows of the draft vocabulary into ``lm_head`` and the target's
     final-norm scale into ``norm``: the head then starts as "the target's own readout of whatever
     the decoder layer writes", instead of from noise."""
@@ -350,7 +356,7 @@ def _checkpoints(out_dir: Path) -> list[Path]:
 
 
 def train_drafter(
-    target: Any,
+    target: Target,
     store: FeatureStore,
     layer_ids: Sequence[int],
     settings: TrainSettings | None = None,
@@ -373,7 +379,7 @@ def train_drafter(
     from accelerate import Accelerator
     from accelerate.utils import set_seed
     from torch.utils.data import DataLoader
-    from tqdm.auto import tqdm
+    from ..progress import progress_bar
 
     settings = settings or TrainSettings()
     settings.check()
@@ -465,7 +471,7 @@ def train_drafter(
     def autocast() -> Any:
         return torch.autocast(accelerator.device.type, dtype=torch.bfloat16, enabled=bf16)
 
-    bar = tqdm(total=total_steps, initial=step, unit="step", disable=not (progress and accelerator.is_main_process),
+    bar = progress_bar(total=total_steps, initial=step, unit="step", disable=not (progress and accelerator.is_main_process),
                desc=f"train {target.name} L{','.join(map(str, ids))}")
     t_start, seconds0 = time.perf_counter(), state["seconds"]
     last_record: dict[str, Any] | None = state["history"][-1] if state["history"] else None
@@ -597,7 +603,7 @@ def settings_from_dict(data: dict[str, Any]) -> TrainSettings:
     return TrainSettings(**data)
 
 
-def train_from_features(target: Any, features: Any, layer_ids: Sequence[int], settings: TrainSettings,
+def train_from_features(target: Target, features: Any, layer_ids: Sequence[int], settings: TrainSettings,
                         out_dir: str | Path | None = None, *, resume: bool = True,
                         progress: bool = True) -> tuple[TrainResult, FeatureStore, Any]:
     """Build (or reuse) the feature store and train, in one process or several: under

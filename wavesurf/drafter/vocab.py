@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -21,6 +21,9 @@ from .._version import __version__
 from ..cache import atomic_directory, entry_dir, params_key, read_manifest, verify_directory, write_manifest
 from ..data import ROLE_ASSISTANT, ROLE_TEMPLATE, Encoded
 from .head import DrafterError
+
+if TYPE_CHECKING:
+    from ..models import Target
 
 VOCAB_FORMAT = 1
 #: Tokens tokenized for counting by default (tokenization only: ~1 s per 300k tokens).
@@ -93,7 +96,7 @@ def vocab_dir(model_name: str, key: str) -> Path:
 
 
 def build_draft_vocab(
-    target: Any,
+    target: Target,
     draft_vocab_size: int,
     *,
     dataset: str = "sharegpt",
@@ -176,7 +179,7 @@ def _heldout_corpus(dataset: str, split: str, split_seed: int) -> Any:
     return None
 
 
-def _encode_upto(corpus: Any, target: Any, max_tokens: int | None, max_len: int,
+def _encode_upto(corpus: Any, target: Target, max_tokens: int | None, max_len: int,
                  cap: int = DEFAULT_VOCAB_TOKENS) -> list[Encoded]:
     """``max_tokens`` tokens exactly (an error if the corpus holds fewer), or with None the whole
     corpus up to ``cap`` tokens."""

@@ -7,37 +7,35 @@ moments of every layer id 0..N. From them it derives matrix entropy per layer, p
 budget, else the unbiased minibatch estimator), and depth compartments. With a filter, the same
 statistics of a random subset of the same size are computed in the same pass (the control).
 
-Results live in the cache under a key of every parameter that changes them, as ``stats.npz``,
-tidy ``layers.csv`` / ``cka.csv``, ``meta.json`` and (exact estimator) the cross-covariance blocks
-``cross_<subset>.npy`` (float32, upper block triangle) that the alpha=1 aggregate entropy of
-shortlisted layer sets needs.
+This module is the pass (settings, accumulators, the cache key); the result it returns is a
+:class:`~wavesurf.stats.results.LayerStats`, and :mod:`wavesurf.stats.store` keeps it in the
+cache under a key of every parameter that changes it.
 """
 from __future__ import annotations
 
-import json
 import time
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
-from typing import Any
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, replace
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .._version import __version__
 from ..capture import ROLE_FILTERS, check_roles
-from ..cache import atomic_directory, entry_dir, params_key, verify_directory, write_manifest, write_rows_csv
+from ..cache import params_key, verify_directory
 from ..errors import StatsError, WavesurfError
 from ..settings_cli import setting
-from .cka import DEFAULT_MEMORY_BUDGET, MinibatchCKA, TokenShuffler, choose_cka_estimator, cka_to_last, linear_cka_from_moments, neighbour_cka
+from .cka import DEFAULT_MEMORY_BUDGET, MinibatchCKA, TokenShuffler, choose_cka_estimator, linear_cka_from_moments
 from .compartments import compartment_stability, compartments
-from .entropy import aggregate_entropy as _aggregate_entropy
-from .entropy import aggregate_entropy2_closed_form, effective_rank, max_entropy, purity, redundancy as _redundancy
-from .entropy import redundancy2_closed_form, renyi_entropy
+from .entropy import max_entropy, purity, renyi_entropy
 from .filtering import FILTER_HELP, FilterError, FilterState, TokenFilter
 from .moments import LayerMoments, gather_layer_rows, l2_normalize_rows_, masked_group_ids
-from .resampling import (DEFAULT_GROUPS, DEFAULT_LEVEL, REPLICATED, GroupAssigner, GroupedLayerMoments, Jackknife,
-                         ReplicateView, aggregate_entropy2_replicates, boundary_frequency, check_groups, jackknife,
-                         redundancy2_replicates, values_and_replicates)
+from .resampling import DEFAULT_GROUPS, DEFAULT_LEVEL, REPLICATED, GroupAssigner, GroupedLayerMoments, check_groups
+from .results import BlockCovariances, LayerStats, SubsetStats
+from .store import load_stats, result_dir, save_stats
+
+if TYPE_CHECKING:
+    from ..models import Target
 
 ESTIMATORS = ("auto", "exact", "minibatch")
 RESULT_FORMAT = 2  # 2: resampling replicates
@@ -82,358 +80,45 @@ class AnalysisSettings:
         check_groups(self.resample_groups)
 
 
-@dataclass
-class SubsetStats:
-    """Statistics of one token subset ("all", "filtered" or its "random" control)."""
-
-    name: str
-    n_tokens: int
-    layer_ids: list[int]
-    entropy: np.ndarray  # alpha=1 (von Neumann) matrix entropy per layer, nats
-    entropy2: np.ndarray  # alpha=2 (collision) entropy per layer, nats
-    normalized_entropy: np.ndarray  # entropy / log(min(n - 1, d)) in [0, 1]
-    purity: np.ndarray  # ||C / tr C||_F^2 = exp(-entropy2)
-    trace: np.ndarray  # tr C per layer (total variance)
-    cka: np.ndarray  # [L, L] linear CKA
-    compartments: list[tuple[int, int]]  # contiguous blocks of layer ids (inclusive)
-    cross: Any = field(default=None, repr=False)  # LayerMoments or stored blocks, for aggregate entropy
-    # leave-one-group-out values (see wavesurf.stats.resampling): REPLICATED quantities [G, L],
-    # "cka" [G, L, L], "group_tokens" [G]; None without intervals (interval_note says why)
-    replicates: dict[str, np.ndarray] | None = field(default=None, repr=False)
-    interval_note: str | None = None
-
-    @property
-    def effective_rank(self) -> np.ndarray:
-        return effective_rank(self.entropy)
-
-
-class BlockCovariances:
-    """Cross-layer covariance blocks kept after a run (float32, upper block triangle: 0.66 GB for
-    SmolLM2 instead of 2.5 GB of float64 moments), with the ``covariance(i, j)`` interface of
-    :class:`LayerMoments` that the aggregate-entropy functions read. Relative precision ~1e-7."""
-
-    pairs = True
-
-    def __init__(self, blocks: np.ndarray, layer_ids: Sequence[int], n: int):
-        import torch
-
-        self.blocks = blocks
-        self.layer_ids, self.dim, self.n = list(layer_ids), int(blocks.shape[-1]), int(n)
-        self.device = torch.device("cpu")
-        self._pos = {lid: k for k, lid in enumerate(self.layer_ids)}
-
-    @classmethod
-    def from_moments(cls, moments: LayerMoments) -> BlockCovariances:
-        ids, d = list(moments.layer_ids), moments.dim
-        L = len(ids)
-        blocks = np.empty((L * (L + 1) // 2, d, d), dtype=np.float32)
-        for a in range(L):
-            for b in range(a, L):
-                blocks[_pair_index(a, b, L)] = moments.covariance(ids[a], ids[b]).cpu().numpy()
-        return cls(blocks, ids, moments.n)
-
-    def _index(self, layer_id: int) -> int:
-        if layer_id not in self._pos:
-            raise WavesurfError(f"layer id {layer_id} is not in the statistics (ids {self.layer_ids})")
-        return self._pos[layer_id]
-
-    def covariance(self, i: int, j: int | None = None) -> Any:
-        import torch
-
-        a, b = self._index(i), self._index(i if j is None else j)
-        lo, hi = min(a, b), max(a, b)
-        block = torch.from_numpy(np.array(self.blocks[_pair_index(lo, hi, len(self.layer_ids))], dtype=np.float64))
-        return block.T if a > b else block
-
-
-def _pair_index(a: int, b: int, L: int) -> int:
-    """Index of block (a, b), a <= b, in row-major upper-triangle order."""
-    return a * L - a * (a - 1) // 2 + (b - a)
-
-
-@dataclass
-class LayerStats:
-    """Per-layer statistics of one model on one corpus; ``control`` is the random subset of the
-    same size as a token-entropy filter kept (None without a filter)."""
-
-    key: str
-    meta: dict[str, Any]
-    main: SubsetStats
-    control: SubsetStats | None = None
-    path: Path | None = None
-
-    # the arrays selection reads, of the main subset
-    @property
-    def n_layers(self) -> int:
-        return int(self.meta["n_layers"])
-
-    @property
-    def layer_ids(self) -> list[int]:
-        return self.main.layer_ids
-
-    @property
-    def entropy(self) -> np.ndarray:
-        """α=1 matrix entropy per layer (nats), main subset."""
-        return self.main.entropy
-
-    @property
-    def entropy2(self) -> np.ndarray:
-        """α=2 matrix entropy per layer (nats), main subset."""
-        return self.main.entropy2
-
-    @property
-    def normalized_entropy(self) -> np.ndarray:
-        return self.main.normalized_entropy
-
-    @property
-    def purity(self) -> np.ndarray:
-        return self.main.purity
-
-    @property
-    def trace(self) -> np.ndarray:
-        return self.main.trace
-
-    @property
-    def cka(self) -> np.ndarray:
-        """[L, L] linear CKA, main subset."""
-        return self.main.cka
-
-    @property
-    def compartments(self) -> list[tuple[int, int]]:
-        return self.main.compartments
-
-    @property
-    def n_tokens(self) -> int:
-        return self.main.n_tokens
-
-    @property
-    def has_cross_covariance(self) -> bool:
-        return self.main.cross is not None
-
-    def aggregate_entropy(self, layer_ids: Sequence[int], alpha: float = 1.0, subset: str = "main") -> float:
-        """Entropy (nats) of the unit-trace-scaled concatenation of ``layer_ids`` (exact)."""
-        return _aggregate_entropy(self._cross(subset), list(layer_ids), alpha)
-
-    def redundancy(self, layer_ids: Sequence[int], alpha: float = 1.0, subset: str = "main") -> float:
-        """Block-diagonal entropy minus joint entropy (nats, >= 0): what the set repeats."""
-        return _redundancy(self._cross(subset), list(layer_ids), alpha)
-
-    def _cross(self, subset: str) -> Any:
-        stats = self.main if subset == "main" else self.control
-        if stats is None or stats.cross is None:
-            raise WavesurfError("aggregate entropy needs the cross-layer covariances, which the minibatch "
-                                "estimator does not keep; rerun with estimator='exact' or use the alpha=2 closed form")
-        return stats.cross
-
-    # ------------------------------------------------------------------ intervals
-    def _subset(self, subset: str) -> SubsetStats:
-        if subset not in ("main", "control"):
-            raise WavesurfError(f"subset={subset!r} must be 'main' or 'control'")
-        sub = self.main if subset == "main" else self.control
-        if sub is None:
-            raise WavesurfError("these statistics have no random control subset (no token filter)")
-        return sub
-
-    @property
-    def has_intervals(self) -> bool:
-        return self.main.replicates is not None
-
-    def interval(self, quantity: str, subset: str = "main", level: float = DEFAULT_LEVEL) -> Jackknife:
-        """Grouped-jackknife interval of a quantity (``entropy``, ``entropy2``, ``normalized_entropy``,
-        ``purity``, ``trace``, ``effective_rank``, ``cka``, ``cka_next``, ``cka_to_last`` or
-        ``mean_<per-layer quantity>``) over resampling groups of sequences."""
-        sub = self._subset(subset)
-        return jackknife(*values_and_replicates(sub, quantity), level=level)
-
-    def band(self, quantity: str, subset: str = "main") -> tuple[np.ndarray, np.ndarray] | None:
-        """``(low, high)`` of :meth:`interval` for a figure's shaded band, or None without intervals."""
-        sub = self._subset(subset)
-        if sub.replicates is None:
-            return None
-        jk = jackknife(*values_and_replicates(sub, quantity))
-        return jk.low, jk.high
-
-    def control_difference(self, quantity: str, level: float = DEFAULT_LEVEL) -> Jackknife:
-        """Filtered minus random-control value of a quantity, with a paired interval (both subsets
-        come from the same sequences and share their resampling groups)."""
-        e1, r1 = values_and_replicates(self._subset("main"), quantity)
-        e0, r0 = values_and_replicates(self._subset("control"), quantity)
-        return jackknife(e1 - e0, r1 - r0, level=level)
-
-    # ------------------------------------------------------------------ scores of layer sets
-    def aggregate_entropy2(self, layer_sets: Any) -> np.ndarray:
-        """Alpha=2 aggregate entropy (nats) of layer-id sets (rows of ``[m, k]``; one list is one
-        set), ``[m]``: the exact closed form from purities and CKA (book: methods-closed-form)."""
-        return aggregate_entropy2_closed_form(self.purity, self.cka, self._positions(layer_sets))
-
-    def redundancy2(self, layer_sets: Any) -> np.ndarray:
-        """Alpha=2 redundancy (nats, >= 0) of layer-id sets, ``[m]``: the block-diagonal alpha=2
-        entropy minus the joint one, ``log(sum P + sum_{a!=b} CKA sqrt(P P)) - log(sum P)``."""
-        return redundancy2_closed_form(self.purity, self.cka, self._positions(layer_sets))
-
-    def pair_matrix(self, score: Callable[[Any], np.ndarray] | None = None) -> np.ndarray:
-        """``[L, L]`` matrix of a set score over layer pairs (default :meth:`aggregate_entropy2`);
-        the diagonal holds the single layer's score."""
-        score = score or self.aggregate_entropy2
-        ids = list(self.layer_ids)
-        L = len(ids)
-        pairs = np.array([[a, b] for a in ids for b in ids], dtype=np.int64)
-        vals = np.empty(len(pairs))
-        diag = pairs[:, 0] == pairs[:, 1]
-        vals[diag] = score(pairs[diag][:, :1])
-        vals[~diag] = score(pairs[~diag])
-        return vals.reshape(L, L)
-
-    def pair_cka(self, layer_ids: Sequence[int]) -> dict[tuple[int, int], float]:
-        """Linear CKA of every pair ``(a, b)``, a before b in ``layer_ids`` (main subset)."""
-        ids = [int(i) for i in layer_ids]
-        pos = self._positions([ids])[0]
-        return {(ids[i], ids[j]): float(self.cka[pos[i], pos[j]])
-                for i in range(len(ids)) for j in range(i + 1, len(ids))}
-
-    def depth_curves(self) -> dict[str, Any]:
-        """Per-layer matrix entropy of the main subset: ``S1``/``S2`` (alpha 1 and 2, nats) and
-        ``S1_norm``/``S2_norm`` divided by the maximum ``log min(n - 1, d)`` (book:
-        methods-entropy); with resampling replicates also ``<key>_band`` = (low, high) of the 95% interval."""
-        top = max_entropy(int(self.main.n_tokens), int(self.meta["hidden_size"]))
-        out: dict[str, Any] = {"S1": np.asarray(self.entropy), "S2": np.asarray(self.entropy2),
-                               "S1_norm": np.asarray(self.entropy) / top, "S2_norm": np.asarray(self.entropy2) / top}
-        if self.has_intervals:
-            j1, j2 = self.interval("entropy"), self.interval("entropy2")
-            out.update(S1_band=(j1.low, j1.high), S2_band=(j2.low, j2.high),
-                       S1_norm_band=(j1.low / top, j1.high / top), S2_norm_band=(j2.low / top, j2.high / top))
-        return out
-
-    def aggregate_entropy2_interval(self, layer_sets: Any, level: float = DEFAULT_LEVEL) -> Jackknife:
-        """:meth:`aggregate_entropy2` with grouped-jackknife intervals (needs resampling replicates)."""
-        return jackknife(*aggregate_entropy2_replicates(self.main, self._positions(layer_sets)), level=level)
-
-    def redundancy2_interval(self, layer_sets: Any, level: float = DEFAULT_LEVEL) -> Jackknife:
-        """:meth:`redundancy2` with grouped-jackknife intervals (needs resampling replicates)."""
-        return jackknife(*redundancy2_replicates(self.main, self._positions(layer_sets)), level=level)
-
-    def aggregate_entropy2_difference(self, layer_ids: Sequence[int], reference_ids: Sequence[int],
-                                      level: float = DEFAULT_LEVEL) -> Jackknife:
-        """Alpha=2 aggregate entropy of ``layer_ids`` minus that of ``reference_ids`` (same k), paired."""
-        est, reps = aggregate_entropy2_replicates(self.main, self._positions([list(layer_ids), list(reference_ids)]))
-        return jackknife(est[0] - est[1], reps[:, 0] - reps[:, 1], level=level)
-
-    def _positions(self, layer_sets: Any) -> np.ndarray:
-        """``[m, k]`` positions into the layer arrays of layer-id sets (a 1-D list is one set)."""
-        sets = np.asarray(layer_sets, dtype=np.int64)
-        if sets.ndim == 1:
-            sets = sets[None, :]
-        pos = {lid: k for k, lid in enumerate(self.layer_ids)}
-        try:
-            return np.array([[pos[int(i)] for i in row] for row in sets], dtype=np.int64).reshape(sets.shape)
-        except KeyError as exc:
-            raise WavesurfError(f"layer id {exc.args[0]} is not in the statistics (ids {self.layer_ids})") from None
-
-    def boundary_frequency(self, subset: str = "main") -> np.ndarray:
-        """``[L]`` share of resamples whose CKA compartments start a new one at each layer id."""
-        return boundary_frequency(self._subset(subset))
-
-    def replicate_views(self) -> list[ReplicateView]:
-        """The leave-one-group-out statistics as objects :func:`wavesurf.select_layers` accepts."""
-        if not self.has_intervals:
-            raise WavesurfError(f"no resampling replicates: {self.main.interval_note or 'resample_groups=0'}")
-        return [ReplicateView.replicate(self, g) for g in range(len(self.main.replicates["group_tokens"]))]
-
-    def alpha2_view(self) -> ReplicateView:
-        """The full-data arrays in the form of :meth:`replicate_views` (no cross-covariances), the
-        reference a resample's selection is compared with."""
-        return ReplicateView.full(self)
-
-    def layer_rows(self) -> list[dict[str, Any]]:
-        """Tidy per-layer rows (one per subset and layer id) as written to ``layers.csv``; with
-        resampling replicates, ``<q>_low``/``<q>_high`` give 95% grouped-jackknife intervals and
-        ``boundary_frequency`` how often a compartment starts at the layer across resamples."""
-        rows = []
-        for sub in [self.main] + ([self.control] if self.control else []):
-            block_of = {lid: b for b, (s, e) in enumerate(sub.compartments) for lid in range(s, e + 1)}
-            nxt, last = neighbour_cka(sub.cka), cka_to_last(sub.cka)
-            ivals = {}
-            if sub.replicates is not None:
-                for col, q in (("entropy_nats", "entropy"), ("entropy2_nats", "entropy2"),
-                               ("normalized_entropy", "normalized_entropy"), ("cka_next", "cka_next"),
-                               ("cka_to_last", "cka_to_last")):
-                    ivals[col] = jackknife(*values_and_replicates(sub, q))
-                freq = boundary_frequency(sub)
-            for k, lid in enumerate(sub.layer_ids):
-                extra: dict[str, Any] = {}
-                for col, jk in ivals.items():
-                    ok = k < len(jk.low)
-                    extra[f"{col}_low"] = jk.low[k] if ok else ""
-                    extra[f"{col}_high"] = jk.high[k] if ok else ""
-                if ivals:
-                    extra["boundary_frequency"] = freq[k]
-                rows.append({
-                    "model": self.meta["model"], "subset": sub.name, "filter": self.meta["filter"]["filter"],
-                    "layer_id": lid, "sglang_layer_id": lid - 1 if lid > 0 else "",
-                    "relative_depth": round(lid / self.n_layers, 4), "tokens": sub.n_tokens,
-                    "entropy_nats": sub.entropy[k], "entropy2_nats": sub.entropy2[k],
-                    "normalized_entropy": sub.normalized_entropy[k], "effective_rank": float(sub.effective_rank[k]),
-                    "purity": sub.purity[k], "trace": sub.trace[k],
-                    "cka_next": nxt[k] if k < len(nxt) else "", "cka_to_last": last[k],
-                    "compartment": block_of.get(lid, ""), **extra,
-                })
-        return rows
-
-    def cka_rows(self) -> list[dict[str, Any]]:
-        rows = []
-        for sub in [self.main] + ([self.control] if self.control else []):
-            jk = jackknife(*values_and_replicates(sub, "cka")) if sub.replicates is not None else None
-            for a, la in enumerate(sub.layer_ids):
-                for b, lb in enumerate(sub.layer_ids):
-                    row = {"subset": sub.name, "layer_i": la, "layer_j": lb, "cka": sub.cka[a, b]}
-                    if jk is not None:
-                        row.update(cka_low=jk.low[a, b], cka_high=jk.high[a, b])
-                    rows.append(row)
-        return rows
-
-
 # ---------------------------------------------------------------------------------------------
-def _finalize(name: str, layer_ids: list[int], moments: LayerMoments, cka: np.ndarray, dim: int,
-              replicates: dict[str, np.ndarray] | None = None, interval_note: str | None = None) -> SubsetStats:
+def layer_quantities(cov: Any, top: float) -> dict[str, float]:
+    """The per-layer quantities of one covariance (float64 torch) from one eigendecomposition:
+    matrix entropy at alpha=1 and alpha=2 (nats), entropy normalized by ``top`` (the largest
+    possible, :func:`~wavesurf.stats.entropy.max_entropy`), purity and trace. The one place both the
+    full-sample statistics and every leave-one-group-out replicate compute them."""
     import torch
 
-    n = moments.n
-    ent, ent2, norm, pur, tr = [], [], [], [], []
-    top = max_entropy(n, dim)
-    for lid in layer_ids:
-        cov = moments.covariance(lid)
-        eigs = torch.linalg.eigvalsh(cov).cpu().numpy()  # one decomposition serves both alphas
-        ent.append(renyi_entropy(eigs, 1.0))
-        ent2.append(renyi_entropy(eigs, 2.0))
-        norm.append(ent[-1] / top if top > 0 else 0.0)
-        pur.append(purity(cov))
-        tr.append(float(cov.trace()))
+    eigs = torch.linalg.eigvalsh(cov).cpu().numpy()  # one decomposition serves both alphas
+    entropy = renyi_entropy(eigs, 1.0)
+    return {"entropy": entropy, "entropy2": renyi_entropy(eigs, 2.0),
+            "normalized_entropy": entropy / top if top > 0 else 0.0, "purity": purity(cov),
+            "trace": float(cov.trace())}
+
+
+def _finalize(name: str, layer_ids: list[int], moments: LayerMoments, cka: np.ndarray, dim: int,
+              replicates: dict[str, np.ndarray] | None = None, interval_note: str | None = None) -> SubsetStats:
+    top = max_entropy(moments.n, dim)
+    per_layer = [layer_quantities(moments.covariance(lid), top) for lid in layer_ids]
+    column = {q: np.array([row[q] for row in per_layer]) for q in REPLICATED}
     blocks = [(layer_ids[s], layer_ids[e]) for s, e in compartments(cka)]
     cross = BlockCovariances.from_moments(moments) if moments.pairs else None
-    return SubsetStats(name, n, list(layer_ids), np.array(ent), np.array(ent2), np.array(norm), np.array(pur),
-                       np.array(tr), np.asarray(cka, dtype=np.float64), blocks, cross, replicates, interval_note)
+    return SubsetStats(name, moments.n, list(layer_ids), column["entropy"], column["entropy2"],
+                       column["normalized_entropy"], column["purity"], column["trace"],
+                       np.asarray(cka, dtype=np.float64), blocks, cross, replicates, interval_note)
 
 
 def _per_layer_replicates(grouped: GroupedLayerMoments, dim: int) -> dict[str, np.ndarray]:
     """Per-layer quantities of every leave-one-group-out covariance: ``[G, L]`` each (float64
     spectra: float32 ``eigvalsh`` is only ~1.4x faster and its noise floor on the small eigenvalues
     would add ~1e-4 nats to each replicate's entropy)."""
-    import torch
-
     G, L = grouped.n_groups, len(grouped.layer_ids)
     out = {q: np.empty((G, L)) for q in REPLICATED}
     sizes = grouped.group_sizes
     for g in range(G):
         top = max_entropy(int(sizes.sum() - sizes[g]), dim)
         for k, lid in enumerate(grouped.layer_ids):
-            cov = grouped.covariance(lid, drop_group=g)
-            eigs = torch.linalg.eigvalsh(cov).cpu().numpy()
-            out["entropy"][g, k] = renyi_entropy(eigs, 1.0)
-            out["entropy2"][g, k] = renyi_entropy(eigs, 2.0)
-            out["normalized_entropy"][g, k] = out["entropy"][g, k] / top if top > 0 else 0.0
-            t = float(eigs.sum())
-            out["purity"][g, k] = float(np.sum(eigs * eigs)) / t**2 if t > 0 else np.nan
-            out["trace"][g, k] = float(cov.trace())
+            for q, value in layer_quantities(grouped.covariance(lid, drop_group=g), top).items():
+                out[q][g, k] = value
     out["group_tokens"] = sizes.astype(np.int64)
     return out
 
@@ -534,11 +219,7 @@ def check_corpus_groups(settings: AnalysisSettings, corpus: Any) -> None:
             raise StatsError(f"{exc} (corpus {settings.dataset!r} has {n_conv} conversations)") from None
 
 
-def result_dir(model_name: str, key: str) -> Path:
-    return entry_dir("results/analyze", model_name, key)
-
-
-def analysis_key(target: Any, settings: AnalysisSettings) -> tuple[str, dict[str, Any]]:
+def analysis_key(target: Target, settings: AnalysisSettings) -> tuple[str, dict[str, Any]]:
 
     from ..data import generated_corpus_info
 
@@ -552,7 +233,7 @@ def analysis_key(target: Any, settings: AnalysisSettings) -> tuple[str, dict[str
 
 
 def analyze(
-    target: Any,
+    target: Target,
     settings: AnalysisSettings | None = None,
     *,
     use_cache: bool = True,
@@ -704,49 +385,3 @@ def _fix_threshold(fstate: FilterState, pilot: list, candidates) -> None:
     fstate.set_threshold_from(ent)
 
 
-# ---------------------------------------------------------------------------------------------
-_ARRAYS = ("entropy", "entropy2", "normalized_entropy", "purity", "trace", "cka")
-
-
-def save_stats(stats: LayerStats, out: Path) -> None:
-    """Write a LayerStats into ``out`` atomically (npz, tidy CSVs, meta, cross-covariance blocks)."""
-    with atomic_directory(out, overwrite=True) as tmp:
-        arrays: dict[str, np.ndarray] = {}
-        subs = [stats.main] + ([stats.control] if stats.control else [])
-        for sub in subs:
-            for name in _ARRAYS:
-                arrays[f"{sub.name}.{name}"] = getattr(sub, name)
-            arrays[f"{sub.name}.layer_ids"] = np.asarray(sub.layer_ids)
-            arrays[f"{sub.name}.compartments"] = np.asarray(sub.compartments, dtype=np.int64).reshape(-1, 2)
-            if sub.cross is not None:
-                np.save(tmp / f"cross_{sub.name}.npy", sub.cross.blocks)
-            for rname, arr in (sub.replicates or {}).items():
-                arrays[f"{sub.name}.rep.{rname}"] = arr
-        np.savez(tmp / "stats.npz", **arrays)
-        meta = {**stats.meta, "subsets": {s.name: s.n_tokens for s in subs},
-                "interval_notes": {s.name: s.interval_note for s in subs}}
-        (tmp / "meta.json").write_text(json.dumps(meta, indent=2, default=str))
-        write_rows_csv(tmp / "layers.csv", stats.layer_rows())
-        write_rows_csv(tmp / "cka.csv", stats.cka_rows())
-        write_manifest(tmp, {"kind": "analyze", "key": stats.key}, hash_files=False)
-
-
-def load_stats(path: Path) -> LayerStats:
-    path = Path(path)
-    problem = verify_directory(path)
-    if problem is not None:
-        raise WavesurfError(f"statistics in {path} are damaged ({problem}); delete the directory to recompute")
-    meta = json.loads((path / "meta.json").read_text())
-    data = np.load(path / "stats.npz")
-    subs = []
-    for name, n in meta["subsets"].items():
-        ids = [int(i) for i in data[f"{name}.layer_ids"]]
-        cross_path = path / f"cross_{name}.npy"
-        cross = BlockCovariances(np.load(cross_path, mmap_mode="r"), ids, n) if cross_path.exists() else None
-        prefix = f"{name}.rep."
-        reps = {k[len(prefix):]: data[k] for k in data.files if k.startswith(prefix)} or None
-        subs.append(SubsetStats(name, int(n), ids, *(data[f"{name}.{a}"] for a in _ARRAYS[:-1]),
-                                cka=data[f"{name}.cka"],
-                                compartments=[tuple(map(int, r)) for r in data[f"{name}.compartments"]], cross=cross,
-                                replicates=reps, interval_note=meta.get("interval_notes", {}).get(name)))
-    return LayerStats(meta["key"], meta, subs[0], subs[1] if len(subs) > 1 else None, path)

@@ -9,6 +9,9 @@ Numerics: residual streams have large means and a few huge dimensions, so the na
 vector (the mean of the first chunk of data seen, per feature), and the sums and outer products of the
 shifted rows are accumulated in float64. The covariance is then ``(S - n m m^T)/(n - ddof)`` with ``m``
 the mean of the *shifted* rows, which is small, so nothing cancels.
+
+Over ~450 lines because the shifted float64 accumulators, their merge and all-reduce and the cross-
+layer blocks are one numerical scheme, tested together against brute force.
 """
 
 from __future__ import annotations

@@ -36,6 +36,9 @@ positions of the first batches (``pilot_tokens``), so held-out data never shapes
 Ridge regression for probing representations: Hewitt & Liang 2019 ("Designing and Interpreting
 Probes with Control Tasks") discuss why a probe's power must be read against controls; here the
 controls are the other layer sets, all probed alike.
+
+Over ~450 lines because the moments pass, the closed-form fit and its held-out scoring share one
+layout of the accumulated blocks; split, each part would re-derive it.
 """
 from __future__ import annotations
 
@@ -46,13 +49,16 @@ import zlib
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .._version import __version__
 from ..cache import atomic_directory, entry_dir, params_key, verify_directory, write_manifest, write_rows_csv
 from ..errors import StatsError, is_int
+
+if TYPE_CHECKING:
+    from ..models import Target
 
 PROBE_FORMAT = 2  # 2: entries named <kind>.npz
 #: Sets solved together in one batched linear-algebra call while scoring.
@@ -284,7 +290,7 @@ def score_layer_sets(moments: ProbeMoments, layer_sets: Any, ridge: float, progr
     """Held-out ``r2`` (mean per-coordinate R²) and ``r2_raw`` (total-variance R²) of the ridge
     probe of each layer set (rows of ``[m, k]`` ids), from the moments alone (module docstring):
     per set, linear algebra of size k * dims only (:func:`_eliminated`)."""
-    from tqdm.auto import tqdm
+    from ..progress import progress_bar
 
     lam = check_ridge(ridge)
     sets = np.asarray(layer_sets, dtype=np.int64)
@@ -299,7 +305,7 @@ def score_layer_sets(moments: ProbeMoments, layer_sets: Any, ridge: float, progr
     base = {s: float(wj @ el["hyy"]) for s, wj in w.items()}
     out = {s: np.empty(len(sets)) for s in w}
     r = moments.dims
-    bar = tqdm(total=len(sets), desc="probe layer sets", unit="set", disable=not progress, smoothing=0.1)
+    bar = progress_bar(total=len(sets), desc="probe layer sets", unit="set", disable=not progress, smoothing=0.1)
     for start in range(0, len(sets), SCORE_CHUNK):
         chunk = sets[start : start + SCORE_CHUNK]
         cols = (chunk[:, :, None] * r + np.arange(r)).reshape(len(chunk), -1)  # [b, k * dims]
@@ -314,7 +320,7 @@ def score_layer_sets(moments: ProbeMoments, layer_sets: Any, ridge: float, progr
     return out
 
 
-def top1_agreement(target: Any, moments: ProbeMoments, layer_sets: Iterable[Sequence[int]], ridge: float) -> dict[tuple[int, ...], float]:
+def top1_agreement(target: Target, moments: ProbeMoments, layer_sets: Iterable[Sequence[int]], ridge: float) -> dict[tuple[int, ...], float]:
     """For each set, the share of the kept held-out positions where the target's own final norm
     and unembedding put the same top token on the probe's prediction of h_N(t+1) as on h_N(t+1)
     itself (the target's prediction of x_(t+2))."""
@@ -419,7 +425,7 @@ class ProbeAccumulator:
 
 
 # ---------------------------------------------------------------------------------------------
-def moments_key(target: Any, settings: ProbeSettings) -> tuple[str, dict[str, Any]]:
+def moments_key(target: Target, settings: ProbeSettings) -> tuple[str, dict[str, Any]]:
     from ..data import generated_corpus_info
 
     params = {"format": PROBE_FORMAT, "wavesurf": __version__, "model": target.name, "source": target.source,
@@ -463,7 +469,7 @@ def load_moments(path: Path) -> ProbeMoments:
                         **{a: data[a] for a in _MOMENT_ARRAYS}, key=meta["key"], meta=meta)
 
 
-def probe_moments(target: Any, settings: ProbeSettings | None = None, *, use_cache: bool = True,
+def probe_moments(target: Target, settings: ProbeSettings | None = None, *, use_cache: bool = True,
                   progress: bool = True, **overrides: Any) -> ProbeMoments:
     """The probe's moments of ``target`` on a corpus: one capture pass (every layer), cached by
     every setting; nothing is written until the pass completes."""
@@ -536,7 +542,7 @@ def probe_sets(n_layers: int, k: int, max_sets: int = 10_000, sample: int = 1000
                seed: int = 0) -> tuple[np.ndarray, str]:
     """The k-sets of ids 0..N to probe: all of them when there are at most ``max_sets``, else a
     seeded sample of ``sample`` (>= 500) plus ``include``; ``(sets, "all" | "sampled")``."""
-    from ..select import all_subsets
+    from .layer_sets import all_subsets
 
     k = check_probe_k(k, n_layers)
     extra = [sorted(int(i) for i in s) for s in include]
@@ -555,7 +561,7 @@ def probe_sets(n_layers: int, k: int, max_sets: int = 10_000, sample: int = 1000
     return np.array(sorted(rows | drawn), dtype=np.int64).reshape(-1, k), "sampled"
 
 
-def probe_layer_sets(target: Any, k: int = 3, settings: ProbeSettings | None = None, *, ridge: float = 1e-2,
+def probe_layer_sets(target: Target, k: int = 3, settings: ProbeSettings | None = None, *, ridge: float = 1e-2,
                      max_sets: int = 10_000, sample: int = 1000, include: Iterable[Sequence[int]] = (),
                      top1_sets: Iterable[Sequence[int]] = (), seed: int = 0, use_cache: bool = True,
                      progress: bool = True, **overrides: Any) -> ProbeResult:

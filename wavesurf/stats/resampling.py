@@ -330,7 +330,7 @@ QUANTITIES = REPLICATED + ("effective_rank", "cka", "cka_next", "cka_to_last")
 
 def values_and_replicates(sub: Any, quantity: str) -> tuple[np.ndarray, np.ndarray]:
     """``(full-data value, [G, ...] leave-one-group-out values)`` of a quantity of a
-    :class:`~wavesurf.stats.analysis.SubsetStats` that carries replicates. ``quantity`` is one of
+    :class:`~wavesurf.stats.results.SubsetStats` that carries replicates. ``quantity`` is one of
     :data:`QUANTITIES` or ``mean_<q>`` for a per-layer one."""
     reps = getattr(sub, "replicates", None)
     if reps is None:

@@ -201,26 +201,6 @@ def plot_sweep(rows: Sequence[dict[str, Any]], metric: str, ylabel: str, ax: Any
     return ax
 
 
-def html_table(rows: Sequence[dict[str, Any]], columns: Sequence[str] | None = None, floatfmt: str = ".4g",
-               headers: dict[str, str] | None = None) -> str:
-    """A plain HTML table (no pandas) of tidy rows, for notebook display; ``headers`` renames columns."""
-    import html
-
-    columns = list(columns or (rows[0].keys() if rows else []))
-    headers = headers or {}
-
-    def cell(v: Any) -> str:
-        if isinstance(v, float | np.floating):
-            return format(float(v), floatfmt)
-        if isinstance(v, list | tuple):  # layer ids, as in the CSV
-            return html.escape(" ".join(map(str, v)))
-        return html.escape(str(v))
-
-    head = "".join(f"<th>{html.escape(headers.get(c, c))}</th>" for c in columns)
-    body = "".join("<tr>" + "".join(f"<td>{cell(r.get(c, ''))}</td>" for c in columns) + "</tr>" for r in rows)
-    return f'<table class="wavesurf-table"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
-
-
 def save_figure(fig: Any, path: Any) -> Any:
     """Save ``fig`` as PNG (parents created); returns the path."""
     from pathlib import Path

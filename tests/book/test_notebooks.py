@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from wavesurf.reproduce import (
+from wavesurf.book.reproduce import (
     ReproduceError,
     discover_notebooks,
     ensure_kernel,
@@ -81,7 +81,7 @@ def _build_book_from(executed: Path, project: Path) -> None:
     import json
     import shutil
 
-    from wavesurf.reproduce import ACROSS_DIR, build_book, finish_page, hardware, write_generated
+    from wavesurf.book.reproduce import ACROSS_DIR, build_book, finish_page, hardware, write_generated
 
     book = project / "book"
     shutil.copytree(repo_root() / "book", book, symlinks=False,

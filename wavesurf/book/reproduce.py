@@ -8,9 +8,13 @@ their figures and tables are written into a staging directory and swapped into
 figure of an older run next to new ones, and another model's pages stay untouched. Notebooks that
 compare models (``SCOPE_ALL``) land in ``book/across-models/``. A failing notebook stops the run;
 its partial executed copy is kept under ``runs/reproduce/failed/`` (outside the book).
+
+Over ~450 lines because running, staging, publishing atomically and the generated pages (profiles,
+answer, limitations, benchmarks) are one transaction over the book tree.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -18,16 +22,20 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .errors import ReproduceError
+from ..errors import ReproduceError
 from .profiles import BASE_PROFILE, get_profile, scaled_reference_minutes
 
 KERNEL_NAME = "wavesurf-python"
+#: the least seconds between two lines of a notebook's inner progress in the terminal
+PROGRESS_EVERY_S = 30.0
 #: notebooks that read every model's cached results rather than one model's
 SCOPE_ALL = {"07"}
 ACROSS_DIR = "across-models"
@@ -46,7 +54,7 @@ class NotebookSpec:
 
 
 def repo_root() -> Path:
-    return Path(__file__).resolve().parents[1]
+    return Path(__file__).resolve().parents[2]
 
 
 def discover_notebooks(notebook_dir: Path | None = None) -> list[NotebookSpec]:
@@ -80,8 +88,9 @@ def select_notebooks(specs: Sequence[NotebookSpec], only: str | Sequence[str] | 
     return sorted(chosen, key=lambda s: s.number)
 
 
-def safe_name(model: str) -> str:
-    from .cache import safe_name as _safe
+def results_dir_name(model: str) -> str:
+    """The folder of a model's pages under ``book/results/`` (its cache-safe name, never empty)."""
+    from ..cache import safe_name as _safe
 
     return _safe(model).strip("._") or "model"
 
@@ -127,10 +136,54 @@ def notebook_parameters(model: str, profile: str, dataset: str = "sharegpt", max
             "device": device}
 
 
+@contextlib.contextmanager
+def watch_progress(label: str, say: Callable[[str], None], after: str = "",
+                   every_s: float = PROGRESS_EVERY_S, poll_s: float = 2.0) -> Iterator[Path]:
+    """While the block runs, the kernel it starts reports its progress to a temporary file
+    (:mod:`wavesurf.progress`, through the environment variable it names); a thread prints that
+    state with ``say`` when it changed, at most every ``every_s`` seconds: the phase (step i of n,
+    time left) and the current bar, then ``after`` (what the notebooks after this one take).
+    Yields the file's path; the file and the variable are gone afterwards."""
+    from ..progress import ENV, describe, read
+
+    fd, name = tempfile.mkstemp(prefix="wavesurf-progress-", suffix=".json")
+    os.close(fd)
+    path = Path(name)
+    path.unlink()
+    old = os.environ.get(ENV)
+    os.environ[ENV] = str(path)
+    stop = threading.Event()
+
+    def loop() -> None:
+        last_line, last_time = "", 0.0
+        while not stop.wait(poll_s):
+            line = describe(read(path))
+            if line and line != last_line and time.monotonic() - last_time >= every_s:
+                say(f"      {label}: {line}" + (f" | after this notebook: {after}" if after else ""))
+                last_line, last_time = line, time.monotonic()
+
+    thread = threading.Thread(target=loop, name="wavesurf-progress", daemon=True)
+    thread.start()
+    try:
+        yield path
+    finally:
+        stop.set()
+        thread.join(timeout=5)
+        if old is None:
+            os.environ.pop(ENV, None)
+        else:
+            os.environ[ENV] = old
+        for leftover in [path, *path.parent.glob(path.name + ".*.tmp")]:
+            leftover.unlink(missing_ok=True)
+
+
 def execute_notebook(spec: NotebookSpec, out_path: Path, parameters: dict[str, Any], kernel: str,
-                     progress: bool = True, timeout_s: int | None = None) -> float:
+                     progress: bool = True, timeout_s: int | None = None,
+                     say: Callable[[str], None] | None = None, after: str = "") -> float:
     """Run one notebook with papermill into ``out_path`` (cwd = its folder); seconds taken.
-    A failure raises :class:`ReproduceError` naming the notebook, cell and error."""
+    With ``progress`` and ``say``, the notebook's inner progress (phase, item i of n, time left)
+    is printed while it runs (:func:`watch_progress`; ``after``: the estimate for the notebooks
+    after it). A failure raises :class:`ReproduceError` naming the notebook, cell and error."""
     import papermill as pm
     from papermill.exceptions import PapermillExecutionError
 
@@ -138,11 +191,13 @@ def execute_notebook(spec: NotebookSpec, out_path: Path, parameters: dict[str, A
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("PYDEVD_DISABLE_FILE_VALIDATION", "1")
     out_path.parent.mkdir(parents=True, exist_ok=True)
+    watch = watch_progress(spec.stem, say, after) if progress and say is not None else contextlib.nullcontext()
     t0 = time.perf_counter()
     try:
-        pm.execute_notebook(to_notebook(spec, kernel), str(out_path), parameters=parameters, kernel_name=kernel,
-                            cwd=str(out_path.parent), progress_bar=progress, execution_timeout=timeout_s,
-                            log_output=False)
+        with watch:
+            pm.execute_notebook(to_notebook(spec, kernel), str(out_path), parameters=parameters, kernel_name=kernel,
+                                cwd=str(out_path.parent), progress_bar=progress, execution_timeout=timeout_s,
+                                log_output=False)
     except PapermillExecutionError as exc:
         raise ReproduceError(f"notebook {spec.stem} failed in cell {exc.cell_index} (execution count "
                              f"{exc.exec_count}): {exc.ename}: {exc.evalue}") from None
@@ -224,7 +279,7 @@ def _swap(stage: Path, final: Path, trash: Path) -> None:
 def hardware() -> dict[str, Any]:
     import torch
 
-    from .models import processor_name
+    from ..models import processor_name
 
     info = {"machine": platform.machine(), "processor": processor_name(),
             "cpu_count": os.cpu_count(), "torch_threads": int(os.environ.get("WAVESURF_THREADS", 0)) or os.cpu_count(),
@@ -235,8 +290,8 @@ def hardware() -> dict[str, Any]:
 
 def _runs_on_cpu(device: str) -> bool:
     """Whether the notebooks' model runs on the CPU (``device`` as the notebooks take it)."""
-    from .errors import DeviceError
-    from .models import pick_device
+    from ..errors import DeviceError
+    from ..models import pick_device
 
     try:
         return pick_device(device) == "cpu"
@@ -261,7 +316,7 @@ def estimate_remaining(remaining: Sequence[str], previous: dict[str, float], pro
     the main job's notebooks took 1.4-1.7x their reference times on a slower 2-core host).
 
     A profile without reference minutes of its own borrows the base profile's, scaled by the
-    ratio of the budgets (:func:`wavesurf.profiles.scaled_reference_minutes`), but only ``on_cpu``:
+    ratio of the budgets (:func:`wavesurf.book.profiles.scaled_reference_minutes`), but only ``on_cpu``:
     CPU throughputs say nothing about a GPU run, which then reads "unknown" until it has a
     previous run."""
     spec = get_profile(profile)
@@ -313,8 +368,8 @@ def reproduce(model: str, profile: str = "default", only: str | Sequence[str] | 
     kernel = ensure_kernel()
     params = notebook_parameters(model, profile, dataset, max_tokens, seed, device)
     work = root / "runs" / "reproduce"
-    dirs = {"model": book / "results" / safe_name(model), "all": book / ACROSS_DIR}
-    stages = {scope: work / f"staging-{scope}-{safe_name(model)}" for scope in dirs}
+    dirs = {"model": book / "results" / results_dir_name(model), "all": book / ACROSS_DIR}
+    stages = {scope: work / f"staging-{scope}-{results_dir_name(model)}" for scope in dirs}
     previous = {**_previous_times(dirs["model"], profile), **_previous_times(dirs["all"], profile)}
     first_times = {**_previous_times(dirs["model"], profile, "first_seconds"),
                    **_previous_times(dirs["all"], profile, "first_seconds")}
@@ -332,10 +387,12 @@ def reproduce(model: str, profile: str = "default", only: str | Sequence[str] | 
                                  on_cpu=on_cpu)
         say(f"[{n}/{len(specs)}] {spec.stem}  elapsed {_fmt_s(elapsed)}, remaining {eta}")
         out = stages[spec.scope] / f"{spec.stem}.ipynb"
+        later = [s.stem for s in specs[n:]]
+        after = estimate_remaining(later, previous, profile, model, finished=times, on_cpu=on_cpu) if later else ""
         try:
-            times[spec.stem] = execute_notebook(spec, out, params, kernel, progress=progress)
+            times[spec.stem] = execute_notebook(spec, out, params, kernel, progress=progress, say=say, after=after)
         except (ReproduceError, KeyboardInterrupt) as exc:
-            failed = work / "failed" / safe_name(model)
+            failed = work / "failed" / results_dir_name(model)
             failed.mkdir(parents=True, exist_ok=True)
             kept = failed / out.name
             if out.exists():
@@ -361,7 +418,7 @@ def reproduce(model: str, profile: str = "default", only: str | Sequence[str] | 
                 "finished": stamp}
         (stages[scope] / "run.json").write_text(json.dumps(info, indent=2))
         _swap(stages[scope], dirs[scope], work)
-    write_generated(book, primary=safe_name(model))
+    write_generated(book, primary=results_dir_name(model))
     total = time.perf_counter() - t_run
     say(f"notebooks done in {_fmt_s(total)}; pages in {dirs['model']}")
     summary = {"model": model, "profile": profile, "notebooks": {k: round(v, 1) for k, v in times.items()},
@@ -498,7 +555,7 @@ def _seed_counts(st) -> str:
 def profile_table() -> str:
     """The profiles as the book states them (``book/generated/profiles.md``): what each is for and
     its analysis budget, then the speed table's drafter budgets, all read from
-    :mod:`wavesurf.profiles`, so the book cannot disagree with the code."""
+    :mod:`wavesurf.book.profiles`, so the book cannot disagree with the code."""
     from .profiles import profile_names
     from .speed_table import SpeedTableSettings
 

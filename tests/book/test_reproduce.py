@@ -1,6 +1,6 @@
 """Profiles, notebook parameters and the reproduce pipeline (papermill into a staging dir, atomic
-swap, failures kept outside the book). The analysis variants are tested in tests/stats/test_variants.py,
-the notebooks' shared tables in tests/test_paper.py."""
+swap, failures kept outside the book). The analysis variants are tested in tests/book/test_variants.py,
+the notebooks' shared tables in tests/book/test_paper.py."""
 from __future__ import annotations
 
 import json
@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from wavesurf.notebook import check_parameters
-from wavesurf.profiles import PROFILES, ProfileError, get_profile, profile_names
-from wavesurf.stats import variants as stats_variants
-from wavesurf.reproduce import (
+from wavesurf.book.notebook import check_parameters
+from wavesurf.book.profiles import PROFILES, ProfileError, get_profile, profile_names
+from wavesurf.book import variants as stats_variants
+from wavesurf.book.reproduce import (
     ReproduceError,
     discover_notebooks,
     reproduce,
@@ -23,7 +23,7 @@ from wavesurf.reproduce import (
 
 # ---------------------------------------------------------------------------------------------
 def test_profiles_and_unknown_profile():
-    from wavesurf.speed_table import SpeedTableSettings
+    from wavesurf.book.speed_table import SpeedTableSettings
 
     assert profile_names() == ["smoke", "default", "long", "paper"]
     for name in profile_names():
@@ -194,9 +194,9 @@ def test_benchmarks_page_renders_every_result_newest_first(tmp_path):
     import json
     import shutil
 
-    from wavesurf.reproduce import render_benchmarks
+    from wavesurf.book.reproduce import render_benchmarks
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     (tmp_path / "benchmarks" / "results").mkdir(parents=True)
     shutil.copy(root / "benchmarks" / "render.py", tmp_path / "benchmarks")
     meta = {"host": "cpu X", "machine": "x86_64", "cpus": 2, "threads": 2, "commit": "abc1234", "dirty": False}
@@ -243,8 +243,8 @@ def test_cli_reproduce_errors(capsys):
 def test_estimate_remaining_prefers_previous_run_then_reference(monkeypatch):
     """The ETA sums per-notebook times (previous run, else the profile's reference minutes) rather
     than averaging finished notebooks, which misled when one notebook trains every drafter."""
-    from wavesurf import profiles
-    from wavesurf.reproduce import estimate_remaining
+    from wavesurf.book import profiles
+    from wavesurf.book.reproduce import estimate_remaining
 
     monkeypatch.setitem(profiles.PROFILES["default"], "reference_minutes",
                         {"smollm2-135m": {"01_a": 10.0, "06_b": 30.0}})
@@ -268,14 +268,14 @@ def test_estimate_remaining_prefers_previous_run_then_reference(monkeypatch):
 
 def test_answer_template_lines_become_glue_references_and_bad_lines_are_refused(tmp_path):
     from wavesurf.errors import ReproduceError
-    from wavesurf.reproduce import ANSWER_TEMPLATE, read_answer_template, repo_root
+    from wavesurf.book.reproduce import ANSWER_TEMPLATE, read_answer_template, repo_root
 
     shipped = read_answer_template(repo_root() / "book")
     assert [stem for stem, _ in shipped["lines"]][:2] == ["01_entropy_compartments", "03_aggregate_entropy"]
     assert "{model}" in shipped["figure"]
     (tmp_path / ANSWER_TEMPLATE).parent.mkdir(parents=True)
     (tmp_path / ANSWER_TEMPLATE).write_text("# comment\n05_layer_selection: picks [[ids]] ([[gain:+.3f]])\n")
-    from wavesurf.reproduce import _fill
+    from wavesurf.book.reproduce import _fill
     text = _fill(read_answer_template(tmp_path)["lines"][0][1], "m", "05_layer_selection")
     assert text == ("picks {glue:text}`results/m/05_layer_selection.ipynb::ids:s` "
                     "({glue:text}`results/m/05_layer_selection.ipynb::gain:+.3f`)")
@@ -289,11 +289,14 @@ def test_answer_template_lines_become_glue_references_and_bad_lines_are_refused(
 def test_estimate_for_a_profile_without_reference_times_scales_the_default_by_budgets(monkeypatch):
     """A profile that was never timed on the reference machine (long, paper) gets the default
     profile's minutes scaled by the ratio of its budgets, on a CPU; on a GPU it says unknown."""
-    from wavesurf import profiles
-    from wavesurf.reproduce import estimate_remaining
+    from wavesurf.book import profiles
+    from wavesurf.book.reproduce import estimate_remaining
 
     monkeypatch.setitem(profiles.PROFILES["default"], "reference_minutes",
                         {"smollm2-135m": {"01_a": 10.0, "04b_filtering_drafters": 30.0}})
+    # the long profile as it was before its own run was measured: no reference minutes of its own
+    monkeypatch.setitem(profiles.PROFILES, "long", {k: v for k, v in profiles.PROFILES["long"].items()
+                                                    if k != "reference_minutes"})
     long = profiles.get_profile("long")
     assert not long.reference_minutes
     ratio = profiles.drafter_work_seconds(long.drafter) / profiles.drafter_work_seconds(
@@ -321,10 +324,10 @@ def test_estimate_for_a_profile_without_reference_times_scales_the_default_by_bu
 def test_book_table_of_drafter_budgets_matches_the_profiles(tmp_path):
     """book/reproducibility.md includes each profile's drafter budgets, generated from the profiles
     when the book is built (book/generated/profiles.md); the table must state the profiles' values."""
-    from wavesurf.reproduce import profile_table
-    from wavesurf.speed_table import SpeedTableSettings
+    from wavesurf.book.reproduce import profile_table
+    from wavesurf.book.speed_table import SpeedTableSettings
 
-    assert "generated/profiles.md" in (Path(__file__).resolve().parents[1] / "book" / "reproducibility.md").read_text()
+    assert "generated/profiles.md" in (Path(__file__).resolve().parents[2] / "book" / "reproducibility.md").read_text()
     write_generated(tmp_path)
     text = (tmp_path / "generated" / "profiles.md").read_text()
     assert text == profile_table()

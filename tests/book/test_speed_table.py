@@ -1,41 +1,17 @@
-"""Layer sets of the speed table, from a small real analysis."""
+"""The speed-table experiment: settings, one head per set and seed, floors, intervals, the summary."""
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from wavesurf.errors import WavesurfError
-from wavesurf.speed_table import evenly_spaced, layer_sets, random_sets
-
-
-def test_evenly_spaced_and_random_sets():
-    assert evenly_spaced(30, 3) == [10, 20, 30]
-    assert evenly_spaced(18, 3) == [6, 12, 18]
-    a = random_sets(30, 3, 5, seed=1, avoid=[[1, 2, 3]])
-    assert a == random_sets(30, 3, 5, seed=1, avoid=[[1, 2, 3]])  # seeded
-    assert len({tuple(s) for s in a}) == 5 and all(len(s) == 3 and 1 <= min(s) and max(s) <= 30 for s in a)
-    with pytest.raises(WavesurfError, match="cannot draw 5 distinct"):
-        random_sets(4, 3, 5, seed=0)
-
-
-def test_layer_sets_cover_default_methods_and_controls(small_stats):
-    sets = layer_sets(small_stats, k=3, n_random=2, seed=0)
-    names = {s.name for s in sets} | {a for s in sets for a in s.aliases}
-    assert {"default", "entropy", "aggregate", "cka", "combined", "last-3", "even-3", "last-1",
-            "random-1", "random-2"} <= names
-    by_name = {s.name: s for s in sets}
-    assert by_name["default"].layer_ids == [2, 15, 27]
-    assert by_name["last-1"].layer_ids == [30] and by_name["last-3"].layer_ids == [28, 29, 30]
-    ids = [tuple(s.layer_ids) for s in sets]
-    assert len(ids) == len(set(ids))  # duplicates merged into aliases
-    assert all(s.group in ("default", "selected", "control") for s in sets)
 
 
 def test_run_speed_table_trains_each_set_and_seed_once(smollm):
     """The smoke profile end to end: distilled corpora, one head per set and seed, offline tau with
     paired intervals, a bigram floor, timed runs and the curve; a re-run only reads the cache."""
-    from wavesurf.profiles import get_profile
-    from wavesurf.speed_table import LayerSet, SpeedTableSettings, run_speed_table
+    from wavesurf.book.profiles import get_profile
+    from wavesurf.book.speed_table import SpeedTableSettings, run_speed_table
+    from wavesurf.book.table_sets import LayerSet
 
     settings = SpeedTableSettings.from_profile(get_profile("smoke").drafter)
     settings.seeds = (0, 1)
@@ -108,7 +84,7 @@ def test_run_speed_table_trains_each_set_and_seed_once(smollm):
 
 
 def test_speed_table_settings_reject_unknown_keys():
-    from wavesurf.speed_table import SpeedTableSettings
+    from wavesurf.book.speed_table import SpeedTableSettings
 
     with pytest.raises(WavesurfError, match=r"unknown speed-table settings \['epochs'\]"):
         SpeedTableSettings.from_profile({"epochs": 3})
@@ -134,8 +110,8 @@ DEFAULT_PROFILE_TRAIN_FINGERPRINT = {
 def test_default_profile_keeps_its_train_fingerprint_and_store_settings():
     from dataclasses import asdict, replace
 
-    from wavesurf.profiles import get_profile
-    from wavesurf.speed_table import SpeedTableSettings
+    from wavesurf.book.profiles import get_profile
+    from wavesurf.book.speed_table import SpeedTableSettings
 
     st = SpeedTableSettings.from_profile(get_profile("default").drafter)
     assert replace(st.train, seed=0).fingerprint() == DEFAULT_PROFILE_TRAIN_FINGERPRINT
@@ -150,7 +126,7 @@ def test_default_profile_keeps_its_train_fingerprint_and_store_settings():
 
 
 def test_a_partial_part_gets_the_same_defaults_as_a_missing_one():
-    from wavesurf.speed_table import SpeedTableSettings
+    from wavesurf.book.speed_table import SpeedTableSettings
 
     whole = SpeedTableSettings()
     assert whole.acceptance.lookup_ngram == 3
@@ -165,8 +141,9 @@ def test_sets_with_different_numbers_of_seeds(smollm):
     embedding-only control get more seeds than the other sets, a random set of the null one; every
     summary row says what its interval rests on, and the one-seed set's interval carries the seed
     variance pooled from the others (wider than its sequences alone)."""
-    from wavesurf.profiles import get_profile
-    from wavesurf.speed_table import LayerSet, SpeedTableSettings, run_speed_table
+    from wavesurf.book.profiles import get_profile
+    from wavesurf.book.speed_table import SpeedTableSettings, run_speed_table
+    from wavesurf.book.table_sets import LayerSet
 
     settings = SpeedTableSettings.from_profile({**get_profile("smoke").drafter, "seeds": [0],
                                                 "primary_seeds": [0, 1], "primary": "last-1", "curve_fractions": []})
@@ -187,7 +164,8 @@ def test_sets_with_different_numbers_of_seeds(smollm):
 
 
 def test_seed_lists_are_checked():
-    from wavesurf.speed_table import LayerSet, SpeedTableSettings
+    from wavesurf.book.speed_table import SpeedTableSettings
+    from wavesurf.book.table_sets import LayerSet
 
     with pytest.raises(WavesurfError, match=r"primary_seeds=\[1, 2\] must start with seeds=\[0, 1\]"):
         SpeedTableSettings.from_profile({"seeds": [0, 1], "primary_seeds": [1, 2]})
@@ -202,7 +180,7 @@ def test_seed_lists_are_checked():
 
 
 def test_a_part_refuses_an_unknown_key_naming_it_and_the_allowed_ones():
-    from wavesurf.speed_table import SpeedTableSettings
+    from wavesurf.book.speed_table import SpeedTableSettings
 
     with pytest.raises(WavesurfError, match=r"unknown acceptance settings \['lookup'\]; allowed: draft_len, "
                                             r"max_draft_len, n_boot, level, family_level, lookup_ngram"):
@@ -221,77 +199,9 @@ def test_a_part_refuses_an_unknown_key_naming_it_and_the_allowed_ones():
         SpeedTableSettings(train=3)
 
 
-def test_verdict_sentence_names_sets_intervals_and_counts():
-    from wavesurf.speed_table import verdict_sentence
-
-    def row(name, group, ids, tau, diff, lo, hi, verdict):
-        return {"layer_set": name, "group": group, "layer_ids": ids, "tau": tau, "diff": diff, "diff_lo": lo,
-                "diff_hi": hi, "verdict": verdict}
-
-    info = {"draft_len": 4, "level": 0.95, "heldout_sequences": 15, "heldout_positions": 4212, "seeds": 1}
-    summary = [row("default", "default", "2 15 27", 1.304, 0, 0, 0, "reference"),
-               row("entropy", "selected", "17 22 27", 1.310, 0.006, -0.014, 0.029, "within noise"),
-               row("last-1", "control", "30", 1.242, -0.062, -0.086, -0.040, "worse"),
-               row("bigram", "floor", "", 1.256, -0.048, -0.081, -0.010, "worse")]
-    text = verdict_sentence(summary, info)
-    assert text.startswith("No layer set beats the default [2 15 27] (τ = 1.304) beyond its 95% interval")
-    assert "entropy [17 22 27] by +0.006 τ (95% CI -0.014 to +0.029)" in text
-    # the floor is not a layer set; one worse set and one seed read in the singular
-    assert "1 set is worse" in text and "1 training seed per set" in text and "4,212 tokens" in text
-    assert "intervals resample held-out sequences only (1 training seed" in text  # said, not silently seed-free
-    summary[1].update(diff=0.02, diff_lo=0.01, diff_hi=0.03, verdict="better")
-    info["seeds"] = 2
-    text = verdict_sentence(summary, info)
-    assert text.startswith("1 of 2 layer sets beat the default [2 15 27]") and "2 training seeds per set" in text
-    assert "intervals resample held-out sequences and training seeds" in text
-    # the table's intervals are simultaneous over its family of comparisons: the sentence says so
-    info["family"] = {"comparisons": 11, "level": 0.95, "method": "max-T", "crit": 2.9, "alpha_per_comparison": 0.005}
-    text = verdict_sentence(summary, info)
-    assert "entropy [17 22 27] by +0.020 τ (simultaneous 95% CI +0.010 to +0.030)" in text
-    assert "simultaneous over the 11 comparisons with the default (max-T)" in text
-    summary[1].update(verdict="within noise")
-    assert verdict_sentence(summary, info).startswith(
-        "No layer set beats the default [2 15 27] (τ = 1.304) beyond its simultaneous 95% interval")
-    # heads level with a floor: the sentence says first that the table cannot rank layer sets
-    info["can_rank"] = {"bigram": {"beaten": False, "margin": -0.046, "margin_lo": -0.07, "margin_hi": -0.02, "tau": 1.152},
-                        "embedding-only": {"beaten": True, "margin": 0.03, "margin_lo": 0.01, "margin_hi": 0.05,
-                                           "tau": 1.07}, "ok": False}
-    text = verdict_sentence(summary, info)
-    assert text.startswith("At this training budget the heads of the default [2 15 27] (τ = 1.304) do not beat the "
-                           "bigram floor (τ = 1.152; margin -0.046, 95% CI -0.070 to -0.020), so this table cannot rank")
-    assert "embedding-only" not in text.split("so this table")[0]
-    info["can_rank"]["ok"] = True
-    assert verdict_sentence(summary, info).startswith("No layer set beats")
-
-
-def test_null_percentiles_rank_a_set_among_random_sets():
-    """A set better than every random set sits at the top of the null with an interval that stays
-    high; one in the middle gets an interval around 50%; the sentence quotes both."""
-    from wavesurf.drafter.intervals import null_percentiles
-    from wavesurf.speed_table import null_sentence
-
-    rng = np.random.default_rng(0)
-    G, K, S = 10, 2, 40
-    cycles = rng.integers(20, 40, size=(G, K, S))
-    rate = np.linspace(1.20, 1.30, 8)  # the null: 8 random sets
-    taus = np.concatenate([[1.40, 1.25], rate])
-    committed = np.round(cycles * (taus[:, None, None] + rng.normal(0, 0.05, size=(G, K, S)))).astype(int)
-    top, mid = null_percentiles(committed, cycles, [0, 1], list(range(2, 10)), n_boot=1000)
-    assert top["percentile"] == 1.0 and top["percentile_lo"] >= 0.875 and top["null_sets"] == 8
-    assert 0.25 <= mid["percentile"] <= 0.75 and mid["percentile_lo"] < 0.5 < mid["percentile_hi"]
-    with pytest.raises(Exception, match="at least 2 random layer sets"):
-        null_percentiles(committed, cycles, [0], [2])
-    null = {"random_sets": 8, "rows": [{"layer_set": "entropy", "layer_ids": "17 22 27", **top},
-                                       {"layer_set": "cka", "layer_ids": "5 9 20", **mid}]}
-    text = null_sentence(null, {"level": 0.95})
-    assert text.startswith("Against 8 random layer sets") and "entropy [17 22 27] at 100% (95% CI" in text
-    assert "1 of 2 rank above the middle of the null beyond the interval" in text
-    assert "too few to rank" in null_sentence({"random_sets": 1, "rows": [], "note": "1 random layer set: too few to rank "
-                                                                               "the selected sets against (at least 2)"}, {})
-
-
 def test_primary_comparison_is_checked_before_training():
-    from wavesurf.speed_table import LayerSet, _primary_set
+    from wavesurf.book.speed_table import _primary_set
+    from wavesurf.book.table_sets import LayerSet
 
     sets = [LayerSet("default", "default", [2, 15, 27], "rule"), LayerSet("combined", "selected", [1, 6, 29], "x",
                                                                           aliases=["cka+filter"])]
@@ -313,7 +223,8 @@ def test_summary_rows_from_synthetic_runs_carry_both_intervals_and_their_basis(n
     import numpy as np
 
     from wavesurf.drafter.acceptance import Acceptance
-    from wavesurf.speed_table import AcceptanceSettings, LayerSet, SpeedTable, _family_intervals, _summary_row
+    from wavesurf.book.speed_table import AcceptanceSettings, SpeedTable, _family_intervals, _summary_row
+    from wavesurf.book.table_sets import LayerSet
 
     rng = np.random.default_rng(0)
     cycles = rng.integers(10, 60, size=(30, 1))

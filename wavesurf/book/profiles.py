@@ -5,7 +5,7 @@
 longer (at most 2 hours there), ``paper`` the sizes a GPU user would pick. The table
 :data:`PROFILES` is plain data; :func:`get_profile` returns it checked and typed as a
 :class:`Profile` (its ``analysis`` part an :class:`AnalysisBudget`, its ``drafter`` part the keyword
-settings of :class:`wavesurf.speed_table.SpeedTableSettings`).
+settings of :class:`wavesurf.book.speed_table.SpeedTableSettings`).
 
 The analysis part fixes the token budget, the CKA estimators (``estimator`` for the unfiltered
 statistics, ``selection_estimator`` for the filtered ones selection reads, ``sweep_estimator`` for
@@ -13,7 +13,7 @@ the filter sweep and the position-0 variant; only ``exact`` keeps the cross-laye
 the alpha=1 aggregate entropy and redundancy need) and the variants every statistics notebook reads:
 ``base`` (no filter), ``position0`` (no filter, position 0 kept), ``selection`` (the token-entropy
 filter selection uses) and one ``sweep`` variant per filter of ``sweep_filters``. All variants share
-one capture of the corpus (see :func:`wavesurf.stats.variants.profile_stats`).
+one capture of the corpus (see :func:`wavesurf.book.variants.profile_stats`).
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ import copy
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from .errors import ProfileError
+from ..errors import ProfileError
 
 PROFILES: dict[str, dict[str, Any]] = {
     "smoke": {
@@ -37,7 +37,7 @@ PROFILES: dict[str, dict[str, Any]] = {
             "resample_groups": 4,
         },
         "drafter": {
-            # wavesurf.speed_table.SpeedTableSettings: tiny drafters, the pipeline only (tau ~1)
+            # wavesurf.book.speed_table.SpeedTableSettings: tiny drafters, the pipeline only (tau ~1)
             "distill": {"train_tokens": 400, "heldout_tokens": 200, "max_new_tokens": 16, "max_len": 256,
                         "chunk_examples": 4},
             "features": {"max_len": 256, "batch_tokens": 1024},
@@ -63,7 +63,7 @@ PROFILES: dict[str, dict[str, Any]] = {
             "resample_groups": 10,
         },
         "drafter": {
-            # wavesurf.speed_table.SpeedTableSettings. The target's own greedy answers (distilled once,
+            # wavesurf.book.speed_table.SpeedTableSettings. The target's own greedy answers (distilled once,
             # ~33 tok/s batched on 2 cores) train every head; every set x seed gets the same budget
             # (~1 pass over the 34k-token store, ~35 s per head at ~1,060 tok/s with 3 unrolled steps).
             # Options from benchmarks/drafter_sweep.py (results in benchmarks/results/drafter_sweep-*.json; the sweep tables before them are in the README of commit 111d6ab): at this
@@ -105,13 +105,16 @@ PROFILES: dict[str, dict[str, Any]] = {
     },
     "long": {
         # The default recipe (128-token bfloat16 batches, lr 1e-3) at 4.4x the tokens per head, from
-        # 2.7x more of the target's answers (~1.8 passes over the ~90k-token store), so heads can get
+        # 2.7x more of the target's answers (~1.8 passes over the ~91k-token store), so heads can get
         # past the bigram floor (issue 30); and the inference issue 31 asks for: 3 seeds for the
         # default set, the primary comparison and the embedding-only control, 2 for the other
         # sets, 1 for each of 8 random sets (the null; seed noise is then in its spread), ~100
-        # held-out conversations (first answers). Planned at ~1 h 40 min on the 2-core Intel host:
-        # ~33 heads x ~80 s (training at ~2,350 tok/s with scoring), ~21 min of answers at ~51 tok/s,
-        # the timed runs of the default profile; measured times are in benchmarks/results/fresh_clone-*.json.
+        # held-out conversations (first answers). Measured on the 2-core Intel host from a fresh
+        # clone of 7fa78a6 with an empty cache: 2 h 02 min in all (benchmarks/results/
+        # fresh_clone-20261206T093905.json): answers 27 min (train 64k at ~50 tok/s, held-out 18k at
+        # ~56 tok/s), feature stores 3.5 min, 33 heads at ~125 s each (training ~1,500 tok/s plus
+        # scoring), the timed runs 4.5 min. Two minutes over the 2-hour target; the heads' tau was
+        # still rising at 160k tokens, so a trade would cut answers (56k), not training tokens.
         "description": "the default analysis with drafters trained on 4.4x the tokens per head, from 2.7x more of the "
                        "target's answers; 3 seeds for the default and primary sets, 8 random sets (under 2 hours on a "
                        "2-core CPU)",
@@ -129,6 +132,11 @@ PROFILES: dict[str, dict[str, Any]] = {
             "methods": ["entropy", "aggregate", "cka", "combined"], "n_random": 8, "primary": "combined",
             "curve_fractions": [0.25],
         },
+        # minutes per notebook of that run (only the progress line's ETA reads them)
+        "reference_minutes": {"smollm2-135m": {
+            "01_entropy_compartments": 5.1, "02_cka_dynamics": 0.1, "03_aggregate_entropy": 0.17,
+            "04_token_filtering": 0.13, "04b_filtering_drafters": 113.05, "05_layer_selection": 0.28,
+            "06_speed_table": 1.8, "07_cross_model": 0.15}},
     },
     "paper": {
         "description": "the sizes a GPU user would pick (more tokens, finer filter sweep)",

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import ParameterError, is_int
+from ..errors import ParameterError, is_int
 from .profiles import Profile, get_profile
 
 DEVICES_HELP = "'auto', 'cpu', 'cuda' or 'cuda:N'"
@@ -29,7 +29,7 @@ class NotebookParams:
 
 def check_parameters(model: Any, dataset: Any, max_tokens: Any, profile: Any, seed: Any, device: Any) -> NotebookParams:
     """Check notebook parameters; a wrong type or value raises :class:`ParameterError` naming it."""
-    from .assets import CORPUS_ASSETS
+    from ..assets import CORPUS_ASSETS
 
     def bad(name: str, value: Any, allowed: str) -> ParameterError:
         return ParameterError(f"parameter {name}={value!r} is not allowed: {allowed}")
@@ -56,7 +56,7 @@ def open_notebook(model: Any, dataset: Any, max_tokens: Any, profile: Any, seed:
     """Check the parameters (a wrong one raises :class:`ParameterError` before any work), use every
     core (``WAVESURF_THREADS``) with TF32 off, apply the shared plot style, and load the target."""
     from . import plots
-    from .models import configure_torch, load_target
+    from ..models import configure_torch, load_target
 
     params = check_parameters(model, dataset, max_tokens, profile, seed, device)
     configure_torch()

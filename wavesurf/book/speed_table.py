@@ -1,116 +1,32 @@
 """The speed-table experiment: do entropy/CKA-selected layer sets give a drafter that accepts more
-tokens than the default ``[2, N//2, N-3]``?
+tokens than the default ``[2, N//2, N-3]``? One head per layer set and training seed on the
+target's own answers, scored by exact offline acceptance with floors, controls and two-level
+intervals, then timed. The sets come from :mod:`wavesurf.book.table_sets`, the sentences from
+:mod:`wavesurf.book.verdicts`.
 
-Layer sets (all vLLM ids, k layers unless a control says otherwise):
-
-* ``default`` — the EAGLE-3 rule;
-* each selection method (``entropy``, ``aggregate``, ``cka``, ``combined``), from statistics
-  without and with token-entropy filtering (``+filter``);
-* controls: ``last-k`` (the top k ids), ``even-k`` (k ids evenly spaced over 1..N),
-  ``last-1`` (the single top layer, EAGLE-1 style), and ``random-i`` sets drawn with a seed.
-
-Identical sets are trained once and reported under every name that chose them.
+Over ~450 lines because the settings, the run and its result type belong together: the run reads
+every settings part, and the result's methods re-derive intervals from the run's own data.
 """
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field, fields, replace
-from typing import Any
+from dataclasses import dataclass, field, fields, replace
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .bench import BenchSettings
-from .distill import DEFAULT_BATCH_SIZE, DEFAULT_CHUNK_EXAMPLES
-from .drafter.features import FeatureSettings
-from .drafter.train import TrainSettings
-from .errors import WavesurfError, is_int
-from .models import default_layer_ids, to_sglang
-from .select import check_k, select_layers
+from ..bench import BenchSettings
+from ..distill import DEFAULT_BATCH_SIZE, DEFAULT_CHUNK_EXAMPLES
+from ..drafter.features import FeatureSettings
+from ..drafter.train import TrainSettings
+from ..errors import WavesurfError, is_int
+from ..models import to_sglang
+from .table_sets import SELECTION_METHODS, LayerSet, is_random_set
+from .verdicts import CONTROL, classify, lookup_sentence, null_sentence, verdict_sentence
 
-SELECTION_METHODS = ("entropy", "aggregate", "cka", "combined")
-#: the summary row of the default set's head trained reading no target stream (a floor)
-CONTROL = "embedding-only"
+if TYPE_CHECKING:
+    from ..models import Target
 
-
-@dataclass
-class LayerSet:
-    name: str
-    group: str  # "default", "selected", "selected+filter" or "control"
-    layer_ids: list[int]
-    reason: str
-    aliases: list[str] = field(default_factory=list)  # other names that chose the same ids
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-def evenly_spaced(n_layers: int, k: int) -> list[int]:
-    """k ids spread evenly over 1..N, ending at N: ``round(N * (i + 1) / k)``."""
-    return sorted({max(1, round(n_layers * (i + 1) / k)) for i in range(k)})
-
-
-def random_sets(n_layers: int, k: int, n: int, seed: int, avoid: Sequence[Sequence[int]] = ()) -> list[list[int]]:
-    """``n`` distinct random k-subsets of 1..N (seeded), none equal to a set in ``avoid``."""
-    from math import comb
-
-    if n > comb(n_layers, k) - len(avoid):
-        raise WavesurfError(f"cannot draw {n} distinct random {k}-layer sets from {n_layers} layers")
-    rng = np.random.default_rng(seed)
-    seen = {tuple(sorted(a)) for a in avoid}
-    out: list[list[int]] = []
-    while len(out) < n:
-        ids = tuple(sorted(int(i) for i in rng.choice(np.arange(1, n_layers + 1), size=k, replace=False)))
-        if ids not in seen:
-            seen.add(ids)
-            out.append(list(ids))
-    return out
-
-
-def layer_sets(
-    stats: Any,
-    filtered_stats: Any | None = None,
-    *,
-    k: int = 3,
-    methods: Sequence[str] = SELECTION_METHODS,
-    n_random: int = 2,
-    seed: int = 0,
-) -> list[LayerSet]:
-    """The layer sets of the speed table, from unfiltered ``stats`` and (optionally) statistics
-    computed with a token-entropy filter. Duplicated id lists are merged (``aliases``)."""
-    n = stats.n_layers
-    k = check_k(k, n)
-    methods = list(methods)
-    candidates: list[LayerSet] = [
-        LayerSet("default", "default", default_layer_ids(n), f"EAGLE-3 rule [2, N//2, N-3] for N={n}")
-    ]
-    for flt, st in (("", stats), ("+filter", filtered_stats)):
-        if st is None:
-            continue
-        for method in methods:
-            sel = select_layers(st, k=k, method=method)
-            group = "selected" + flt
-            filt = st.meta.get("filter", {}).get("filter", "?")
-            candidates.append(LayerSet(method + flt, group, list(sel.layer_ids),
-                                       f"{sel.reason} (filter {filt})" if flt else sel.reason))
-    candidates += [
-        LayerSet(f"last-{k}", "control", list(range(n - k + 1, n + 1)), f"the top {k} layer ids"),
-        LayerSet(f"even-{k}", "control", evenly_spaced(n, k), f"{k} ids evenly spaced over 1..N"),
-        LayerSet("last-1", "control", [n], "the single top layer (EAGLE-1 style)"),
-    ]
-    for i, ids in enumerate(random_sets(n, k, n_random, seed, [c.layer_ids for c in candidates])):
-        candidates.append(LayerSet(f"random-{i + 1}", "control", ids, f"random {k}-subset of 1..N (seed {seed})"))
-    merged: dict[tuple[int, ...], LayerSet] = {}
-    for c in candidates:
-        key = tuple(c.layer_ids)
-        if key in merged:
-            merged[key].aliases.append(c.name)
-        else:
-            merged[key] = c
-    return list(merged.values())
-
-
-# ---------------------------------------------------------------------------------------------
-# running the experiment
 @dataclass(frozen=True)
 class DistillBudget:
     """The target's own greedy answers (:func:`wavesurf.distill.distill_corpus`) to ShareGPT prompts:
@@ -159,7 +75,7 @@ class AcceptanceSettings:
                 continue
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1:
                 raise WavesurfError(f"acceptance {key}={value!r} must be a number in (0, 1), e.g. 0.95")
-        from .drafter.lookup import check_lookup_ngram
+        from ..drafter.lookup import check_lookup_ngram
 
         check_lookup_ngram(self.lookup_ngram, name="acceptance lookup_ngram", error=WavesurfError)
 
@@ -257,7 +173,7 @@ class SpeedTableSettings:
         if self.null_seeds and tuple(self.seeds[: len(self.null_seeds)]) != tuple(self.null_seeds):
             raise WavesurfError(f"null_seeds={list(self.null_seeds)} must be a prefix of seeds={list(self.seeds)}: "
                                 "sets are paired seed by seed")
-        from .distill import check_settings as check_distill
+        from ..distill import check_settings as check_distill
 
         d = self.distill
         for tokens, turns in ((d.train_tokens, None), (d.heldout_tokens, d.heldout_max_turns)):
@@ -280,11 +196,6 @@ class SpeedTableSettings:
         if is_random_set(layer_set):
             return self.null_seeds or self.seeds
         return self.seeds
-
-
-def is_random_set(layer_set: LayerSet) -> bool:
-    """Whether a layer set is one of the random sets of the null (``random-<i>``)."""
-    return layer_set.name.startswith("random-")
 
 
 @dataclass
@@ -325,7 +236,7 @@ class SpeedTable:
         """Paired difference of offline tau between two layer sets (or aliases) of the table, at the
         table's draft length, seeds paired in order: one per-comparison interval (no family), from
         the same two-level replicates and pooled seed variance as the summary."""
-        from .drafter.acceptance import acceptance_intervals
+        from ..drafter.acceptance import acceptance_intervals
 
         a, b = self.aliases.get(name, name), self.aliases.get(baseline, baseline)
         for n in (a, b):
@@ -413,136 +324,15 @@ class SpeedTable:
                 "(draft length 0 = plain decoding, chosen when drafting does not pay): " + "; ".join(parts) + ".")
 
 
-def classify(diff: dict[str, float]) -> str:
-    """``better``/``worse`` only when the interval (``diff_lo``..``diff_hi``: in the summary the
-    simultaneous one) excludes 0 *and* every seed agrees. The interval already holds the seeds'
-    spread; the agreement of every seed stays as a plain-language guard (it can only make a
-    verdict more cautious)."""
-    if diff["diff_lo"] > 0 and diff["diff_seed_min"] > 0:
-        return "better"
-    if diff["diff_hi"] < 0 and diff["diff_seed_max"] < 0:
-        return "worse"
-    return "within noise"
-
-
-def _percent(info: dict[str, Any]) -> int:
-    """The table's confidence level in percent (95 unless the table says otherwise)."""
-    return round(100 * info.get("level", 0.95))
-
-
-def _count(n: Any, noun: str) -> str:
-    """``n noun`` with the noun in the plural unless n is 1."""
-    return f"{n} {noun}" + ("" if n == 1 else "s")
-
-
-def _interval_name(info: dict[str, Any], family_key: str = "family") -> str:
-    """``simultaneous 95%`` for intervals adjusted over a family, else ``95%``."""
-    fam = info.get(family_key) or {}
-    if fam.get("comparisons", 0) > 1:
-        return f"simultaneous {round(100 * fam.get('level', info.get('level', 0.95)))}%"
-    return f"{_percent(info)}%"
-
-
-def seeds_clause(info: dict[str, Any]) -> str:
-    """``2 training seeds per set`` and, where some sets have more or fewer, which."""
-    text = f"{_count(info.get('seeds', '?'), 'training seed')} per set"
-    counts = info.get("seed_counts") or {}
-    per = info.get("seeds")
-    extra = [f"{k} for the {what}" for what, k in counts.items() if what != "other sets" and k != per]
-    return text + (f" ({'; '.join(extra)})" if extra else "")
-
-
-def _resampling_clause(info: dict[str, Any]) -> str:
-    """What the intervals resample, in words (one seed: say that seed variation is not in them)."""
-    seeds, fam = info.get("seeds"), info.get("family") or {}
-    if isinstance(seeds, int):  # the most any drafter has (the primary comparison's, where more)
-        seeds = max([seeds, *(info.get("seed_counts") or {}).values()])
-    what = ("intervals resample held-out sequences and training seeds" if isinstance(seeds, int) and seeds >= 2
-            else "intervals resample held-out sequences only (1 training seed: seed-to-seed variation is not in them)"
-            if seeds == 1 else "")
-    if fam.get("comparisons", 0) > 1:
-        what += (", " if what else "") + f"simultaneous over the {fam['comparisons']} comparisons with the default (max-T)"
-    return f"; {what}" if what else ""
-
-
-def verdict_sentence(summary: Sequence[dict[str, Any]], info: dict[str, Any]) -> str:
-    """One sentence: which sets beat the default by how much with what interval, or that none
-    differs beyond its interval (the largest difference given). The intervals are the summary's
-    ``diff_lo``/``diff_hi``: simultaneous over the family of comparisons with the default (max-T,
-    ``info["family"]``), so "beats" holds for the family at the stated level, not once per set."""
-    default = next(r for r in summary if r["group"] == "default")
-    others = [r for r in summary if r["group"] not in ("default", "floor")]
-    d, kind = info.get("draft_len", 4), _interval_name(info)
-    where = (f"offline chain acceptance at draft length {d} on {info.get('heldout_sequences', '?')} held-out "
-             f"sequences ({info.get('heldout_positions', '?'):,} tokens), {seeds_clause(info)}"
-             f"{_resampling_clause(info)}")
-    base = f"the default [{default['layer_ids']}] (τ = {default['tau']:.3f})"
-    better = sorted((r for r in others if r["verdict"] == "better"), key=lambda r: -r["diff"])
-    fmt = lambda r: f"{r['layer_set']} [{r['layer_ids']}] by {r['diff']:+.3f} τ ({kind} CI {r['diff_lo']:+.3f} to {r['diff_hi']:+.3f})"  # noqa: E731
-    worse = sum(1 for r in others if r["verdict"] == "worse")
-    lead = _cannot_rank_clause(info, base)
-    if better:
-        head = f"{len(better)} of {len(others)} layer sets beat {base}: " + "; ".join(fmt(r) for r in better[:3])
-    else:
-        top = max(others, key=lambda r: r["diff"]) if others else None
-        head = f"No layer set beats {base} beyond its {kind} interval" + (
-            f"; the largest difference is {fmt(top)}" if top else "")
-    prim = info.get("primary")
-    if prim:
-        what = {"better": "better than", "worse": "worse than"}.get(prim["verdict"], "not different beyond the interval from")
-        lead += (f"Primary comparison (named before the run): {prim['layer_set']} [{prim['layer_ids']}] is {what} "
-                 f"the default, {prim['diff']:+.3f} τ ({_percent(info)}% CI {prim['diff_lo']:+.3f} to "
-                 f"{prim['diff_hi']:+.3f}). Exploratory, over every set: ")
-    return f"{lead}{head}; {worse} {'set is' if worse == 1 else 'sets are'} worse ({where})."
-
-
-def _cannot_rank_clause(info: dict[str, Any], base: str) -> str:
-    """The sentence the verdict starts with when the default set's heads do not beat the bigram
-    floor or the embedding-only control beyond the interval (empty when they beat both)."""
-    rank = info.get("can_rank") or {}
-    if not rank or rank.get("ok"):
-        return ""
-    level = _percent(info)
-    names = {"bigram": "the bigram floor", CONTROL: "their embedding-only control (the same head reading no layer)"}
-    missed = [f"{names[k]} (τ = {v['tau']:.3f}; margin {v['margin']:+.3f}, {level}% CI {v['margin_lo']:+.3f} to "
-              f"{v['margin_hi']:+.3f})" for k, v in rank.items() if isinstance(v, dict) and not v["beaten"]]
-    return (f"At this training budget the heads of {base} do not beat " + " or ".join(missed) +
-            ", so this table cannot rank layer sets for a reason that has to do with the layers. ")
-
-
-def lookup_sentence(summary: Sequence[dict[str, Any]], info: dict[str, Any]) -> str:
-    """What the heads add after n-gram lookup (paired against lookup alone), and whether any set
-    differs from the default there beyond its interval (simultaneous over the sets, as in
-    :func:`verdict_sentence`)."""
-    over = info.get("head_over_lookup")
-    if not over:
-        return ""
-    level, kind = _percent(info), _interval_name(info, "lookup_family")
-    others = [r for r in summary if r["group"] not in ("default", "floor") and "lookup_diff" in r]
-    beyond = [r for r in others if r["lookup_diff_lo"] > 0 or r["lookup_diff_hi"] < 0]
-    text = (f"After lookup, the default set's head adds {over['diff']:+.3f} τ over lookup alone ({level}% CI "
-            f"{over['diff_lo']:+.3f} to {over['diff_hi']:+.3f})")
-    if not others:
-        return text + "."
-    top = max(others, key=lambda r: abs(r["lookup_diff"]))
-    fmt = f"{top['layer_set']} ({top['lookup_diff']:+.3f}, {kind} CI {top['lookup_diff_lo']:+.3f} to {top['lookup_diff_hi']:+.3f})"
-    if beyond:
-        names = ", ".join(f"{r['layer_set']} ({r['lookup_diff']:+.3f})" for r in beyond)
-        verb = "set differs" if len(beyond) == 1 else "sets differ"
-        return text + (f"; drafting this way, {len(beyond)} of {len(others)} {verb} from the default beyond the "
-                       f"{kind} interval: {names}.")
-    return text + f"; drafting this way no set differs from the default beyond its {kind} interval (largest: {fmt})."
-
-
-def _train_and_score(target: Any, train_store: Any, held_store: Any, ids: list[int], train: TrainSettings,
+def _train_and_score(target: Target, train_store: Any, held_store: Any, ids: list[int], train: TrainSettings,
                      seed: int, acceptance: AcceptanceSettings, name: str,
                      progress: bool, with_lookup: bool = False) -> tuple[Any, Any, Any, dict, Any]:
     """Train one head and score it alone and, ``with_lookup``, after n-gram lookup of the
     acceptance settings' order too (one unroll of the head for both); the last item is that
     second score or None."""
-    from .drafter.acceptance import offline_acceptances
-    from .drafter.head import load_head
-    from .drafter.train import train_drafter
+    from ..drafter.acceptance import offline_acceptances
+    from ..drafter.head import load_head
+    from ..drafter.train import train_drafter
 
     result = train_drafter(target, train_store, ids, replace(train, seed=seed), progress=progress)
     head, info = load_head(result.out_dir, target)
@@ -552,15 +342,18 @@ def _train_and_score(target: Any, train_store: Any, held_store: Any, ids: list[i
     return result, head, scores[0], info, scores[1] if len(scores) > 1 else None
 
 
-def distilled_stores(target: Any, settings: SpeedTableSettings, layer_ids: Sequence[int], progress: bool = True):
+def distilled_stores(target: Target, settings: SpeedTableSettings, layer_ids: Sequence[int], progress: bool = True):
     """The target's own answers to the ShareGPT training and held-out prompts, and a feature store
     of each at ``layer_ids`` (plus layer N). Returns ``(train_store, heldout_store, train_corpus_name)``."""
-    from .distill import distill_corpus
-    from .drafter.features import build_feature_store
+    from ..distill import distill_corpus
+    from ..drafter.features import build_feature_store
+    from ..progress import phase
 
     d = settings.distill
     stores, names = [], []
-    for split, budget, turns in (("train", d.train_tokens, None), ("heldout", d.heldout_tokens, d.heldout_max_turns)):
+    for i, (split, budget, turns) in enumerate((("train", d.train_tokens, None),
+                                                 ("heldout", d.heldout_tokens, d.heldout_max_turns))):
+        phase("the target's answers and feature stores (train, held-out)", i + 1, 2)
         corpus = distill_corpus(target, "sharegpt", split=split, max_tokens=budget, max_len=d.max_len,
                                 max_new_tokens=d.max_new_tokens, chunk_examples=d.chunk_examples,
                                 batch_size=d.batch_size, progress=progress, max_turns=turns)
@@ -572,7 +365,7 @@ def distilled_stores(target: Any, settings: SpeedTableSettings, layer_ids: Seque
     return stores[0], stores[1], names[0]
 
 
-def run_speed_table(target: Any, sets: Sequence[LayerSet], settings: SpeedTableSettings | None = None, *,
+def run_speed_table(target: Target, sets: Sequence[LayerSet], settings: SpeedTableSettings | None = None, *,
                     progress: bool = True) -> SpeedTable:
     """Train one drafter per layer set and seed on the target's own answers with one budget, score
     each by exact offline chain acceptance on held-out target answers (with paired two-level
@@ -582,7 +375,8 @@ def run_speed_table(target: Any, sets: Sequence[LayerSet], settings: SpeedTableS
     Every corpus, store, drafter, score and timed run is cached under its own key, so an
     interrupted run resumes where it stopped and a re-run only reads the cache.
     """
-    from .drafter.acceptance import bigram_acceptance, bootstrap_tau, build_bigram_table, lookup_acceptance
+    from ..drafter.acceptance import bigram_acceptance, bootstrap_tau, build_bigram_table, lookup_acceptance
+    from ..progress import phase
 
     settings = settings or SpeedTableSettings()
     settings.check()
@@ -597,8 +391,13 @@ def run_speed_table(target: Any, sets: Sequence[LayerSet], settings: SpeedTableS
     lookup_runs_by_set: dict[str, list[Any]] = {}
     heads: dict[str, Any] = {}
     heads_by_seed: dict[str, list[Any]] = {}
+    default = next(s for s in sets if s.group == "default")
+    control_seeds = settings.seeds_for(default)
+    n_heads, done = sum(len(settings.seeds_for(s, primary)) for s in sets) + len(control_seeds), 0
     for s in sets:
         for seed in settings.seeds_for(s, primary):
+            done += 1
+            phase("train and score heads", done, n_heads)
             result, head, acc, info, both = _train_and_score(target, train_store, held_store, s.layer_ids,
                                                              settings.train, seed, acc_cfg, f"{s.name}/seed{seed}",
                                                              progress, with_lookup=True)
@@ -623,8 +422,6 @@ def run_speed_table(target: Any, sets: Sequence[LayerSet], settings: SpeedTableS
 
     table = build_bigram_table(target, corpus_name, split="train")
     floor = bigram_acceptance(target, table, held_store, max_draft_len=acc_cfg.max_draft_len, progress=progress)
-    default = next(s for s in sets if s.group == "default")
-    control_seeds = settings.seeds_for(default)
     k_seeds = len(control_seeds)
     floor_runs = [floor] * k_seeds  # deterministic: the same floor paired with every seed
     lookup = lookup_acceptance(target, held_store, max_draft_len=acc_cfg.max_draft_len, progress=progress)
@@ -632,6 +429,8 @@ def run_speed_table(target: Any, sets: Sequence[LayerSet], settings: SpeedTableS
     # the embedding-only control: the default set's head with every stream zeroed, same budget, data and seeds
     control_runs = []
     for seed in control_seeds:
+        done += 1
+        phase("train and score heads", done, n_heads)
         _, head, acc, _, _ = _train_and_score(target, train_store, held_store, default.layer_ids,
                                            replace(settings.train, embedding_only=True), seed, acc_cfg,
                                            f"{CONTROL}/seed{seed}", progress)
@@ -688,9 +487,11 @@ def run_speed_table(target: Any, sets: Sequence[LayerSet], settings: SpeedTableS
     budget = settings.train.train_tokens
     best = result.best(("selected", "selected+filter", "control"))["layer_set"] if len(sets) > 1 else default.name
     if budget and settings.curve_fractions:
-        for name in dict.fromkeys([default.name, best]):
+        curve_sets, fracs = list(dict.fromkeys([default.name, best])), sorted(settings.curve_fractions) + [1.0]
+        for j, name in enumerate(curve_sets):
             s = by_name[name]
-            for frac in sorted(settings.curve_fractions) + [1.0]:
+            for i, frac in enumerate(fracs):
+                phase("learning curve", j * len(fracs) + i + 1, len(curve_sets) * len(fracs))
                 train = replace(settings.train, train_tokens=max(1, int(budget * frac)))
                 res, _, acc, _, _ = _train_and_score(target, train_store, held_store, s.layer_ids, train,
                                                   settings.seeds[0], acc_cfg, f"{s.name}/curve{frac}", progress)
@@ -702,15 +503,15 @@ def run_speed_table(target: Any, sets: Sequence[LayerSet], settings: SpeedTableS
     return result
 
 
-def _diagnostics(target: Any, sets: Sequence[LayerSet], heads: dict[str, list[Any]], table: Any, train_store: Any,
+def _diagnostics(target: Target, sets: Sequence[LayerSet], heads: dict[str, list[Any]], table: Any, train_store: Any,
                  held_store: Any, runs: dict[str, list[Any]], acc_cfg: AcceptanceSettings,
                  progress: bool) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
     """Whether the heads use their layers: per set, step-0 accuracy where the bigram floor is
     wrong (seeds pooled, interval over held-out sequences); per set and layer, the stream's share
     of the fused input (first seed's head); for the default set, tau without each stream (paired
     with the full heads, every seed)."""
-    from .drafter.acceptance import acceptance_intervals, offline_acceptance
-    from .drafter.diagnostics import FloorMisses, ablate_stream, floor_miss_accuracy, stream_contributions
+    from ..drafter.acceptance import acceptance_intervals, offline_acceptance
+    from ..drafter.diagnostics import FloorMisses, ablate_stream, floor_miss_accuracy, stream_contributions
 
     rescue: dict[str, dict[str, Any]] = {}
     streams: list[dict[str, Any]] = []
@@ -764,7 +565,7 @@ def _primary_set(sets: Sequence[LayerSet], name: str) -> LayerSet | None:
 def _null_ranks(sets: Sequence[LayerSet], runs: dict[str, list[Any]], acc_cfg: AcceptanceSettings,
                 n_random: int) -> dict[str, Any]:
     """Each selected set's percentile among the random sets (the null), with two-level intervals."""
-    from .drafter.acceptance import acceptance_null_percentiles
+    from ..drafter.acceptance import acceptance_null_percentiles
 
     null = [i for i, s in enumerate(sets) if is_random_set(s)]
     subjects = [i for i, s in enumerate(sets) if s.group.startswith("selected")]
@@ -779,23 +580,6 @@ def _null_ranks(sets: Sequence[LayerSet], runs: dict[str, list[Any]], acc_cfg: A
         out["rows"].append({"layer_set": sets[i].name, "layer_ids": " ".join(map(str, sets[i].layer_ids)),
                             **{k: round(v, 4) if isinstance(v, float) else v for k, v in r.items()}})
     return out
-
-
-def null_sentence(null: dict[str, Any], info: dict[str, Any]) -> str:
-    """The selected sets ranked in the null of random layer sets, in one sentence."""
-    if not null:
-        return ""
-    if null.get("note"):
-        return f"Selection against random sets: {null['note']}."
-    level = _percent(info)
-    rows = sorted(null["rows"], key=lambda r: -r["percentile"])
-    parts = [f"{r['layer_set']} [{r['layer_ids']}] at {100 * r['percentile']:.0f}% ({level}% CI "
-             f"{100 * r['percentile_lo']:.0f}–{100 * r['percentile_hi']:.0f}%)" for r in rows]
-    clear = [r for r in rows if r["percentile_lo"] > 0.5]
-    tail = (f"; {len(clear)} of {len(rows)} rank above the middle of the null beyond the interval" if clear else
-            "; none ranks above the middle of the null beyond its interval")
-    return (f"Against {null['random_sets']} random layer sets (the null; each selected set's share of random sets "
-            f"it beats, sequences and seeds resampled): " + "; ".join(parts) + tail + ".")
 
 
 def _can_rank(summary: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -817,7 +601,7 @@ def _family_intervals(groups: list[list[Any]], sets: Sequence[LayerSet], acc_cfg
     """Intervals of every drafter in ``groups`` (the runs of ``sets`` in order, then any floors) from
     one set of two-level replicates: differences against the default set, simultaneous (max-T) over
     the other layer sets, the floors compared unadjusted (they are not candidates)."""
-    from .drafter.acceptance import acceptance_intervals
+    from ..drafter.acceptance import acceptance_intervals
 
     ref = next(i for i, s in enumerate(sets) if s.group == "default")
     family = [i for i, s in enumerate(sets) if s.group != "default"]
@@ -888,16 +672,18 @@ def _setting_columns(summary: dict) -> dict[str, Any]:
     return {"draft_len_run": st.get("depth", ""), "min_confidence": 0.0, "predicted_speedup": ""}
 
 
-def _timed_rows(target: Any, chosen: Sequence[tuple[str, LayerSet, str]], settings: SpeedTableSettings,
+def _timed_rows(target: Target, chosen: Sequence[tuple[str, LayerSet, str]], settings: SpeedTableSettings,
                 progress: bool) -> list[dict[str, Any]]:
-    from .bench import run_bench
-    from .drafter.head import load_head
+    from ..bench import run_bench
+    from ..drafter.head import load_head
+    from ..progress import phase
 
     timed = replace(settings.bench, methods=("hf_generate", "eagle3"))
     rows = []
-    for label, s, out_dir in chosen:
+    for j, (label, s, out_dir) in enumerate(chosen):
         head, _ = load_head(out_dir, target)
-        for ds in settings.datasets:
+        for i, ds in enumerate(settings.datasets):
+            phase("timed runs", j * len(settings.datasets) + i + 1, len(chosen) * len(settings.datasets))
             run = run_bench(target, head, ds, timed, progress=progress)
             spec, ref = run.summary["methods"]["eagle3"], run.summary["methods"]["hf_generate"]
             lossless = str(spec.get("lossless", ""))

@@ -7,9 +7,9 @@ import shutil
 import numpy as np
 import pytest
 
-from wavesurf.notebook import check_parameters
-from wavesurf.profiles import PROFILES
-from wavesurf.stats import variants as stats_variants
+from wavesurf.book.notebook import check_parameters
+from wavesurf.book.profiles import PROFILES
+from wavesurf.book import variants as stats_variants
 
 from tests.conftest import SMALL
 
@@ -37,7 +37,8 @@ def test_cached_results_match_settings_exactly(small_stats):
 
 def test_profile_stats_one_capture_equals_separate_analyses(smollm, monkeypatch):
     """Variants computed from one shared capture equal what analyze() computes alone."""
-    from wavesurf.stats.analysis import analysis_key, analyze, result_dir
+    from wavesurf.stats.analysis import analysis_key, analyze
+    from wavesurf.stats.store import result_dir
 
     monkeypatch.setitem(PROFILES, "tiny", {"description": "test", "drafter": {}, "analysis": {
         "max_tokens": 900, "max_len": 96, "batch_tokens": 768, "pilot_tokens": 8192, "estimator": "minibatch",

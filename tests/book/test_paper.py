@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from wavesurf import paper
+from wavesurf.book import paper
 
 
 def test_rank_and_ids():

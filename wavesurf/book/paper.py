@@ -2,23 +2,26 @@
 intervals in prose, the tidy CSV writer, the speed-table run at a profile's budgets.
 
 The statistics own their results: set scores, pair matrices and depth curves are
-:class:`~wavesurf.stats.analysis.LayerStats` methods; the profile's analysis variants and the
-cached-results lookup live in :mod:`wavesurf.stats.variants`; the selection, filter-sweep and
+:class:`~wavesurf.stats.results.LayerStats` methods; the profile's analysis variants and the
+cached-results lookup live in :mod:`wavesurf.book.variants`; the selection, filter-sweep and
 cross-model tables in :mod:`wavesurf.select`; parameter checks and the first cell in
-:mod:`wavesurf.notebook`.
+:mod:`wavesurf.book.notebook`.
 """
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .cache import write_rows_csv
-from .errors import WavesurfError
+from ..cache import write_rows_csv
+from ..errors import WavesurfError
 from .notebook import NotebookParams
-from .stats.variants import profile_stats
+from .variants import profile_stats
+
+if TYPE_CHECKING:
+    from ..models import Target
 
 
 # ---------------------------------------------------------------------------------------------
@@ -68,7 +71,7 @@ def paired_difference(stats_a: Any, stats_b: Any, quantity: str, level: float = 
     """``quantity`` of ``stats_a`` minus that of ``stats_b`` (two runs over the same corpus, e.g.
     with and without position 0), with a paired jackknife interval: both runs deal the same
     conversations to the same resampling groups. Refuses runs with different group counts."""
-    from .stats.resampling import jackknife, values_and_replicates
+    from ..stats.resampling import jackknife, values_and_replicates
 
     ga = stats_a.meta.get("intervals", {}).get("groups")
     gb = stats_b.meta.get("intervals", {}).get("groups")
@@ -96,11 +99,12 @@ def fmt_ids(ids: Iterable[int]) -> str:
     return "[" + ", ".join(str(int(i)) for i in ids) + "]"
 
 
-def profile_speed_table(target: Any, params: NotebookParams, k: int = 3, progress: bool = True) -> tuple[list, Any, Any]:
+def profile_speed_table(target: Target, params: NotebookParams, k: int = 3, progress: bool = True) -> tuple[list, Any, Any]:
     """The speed-table experiment at the profile's drafter budgets: layer sets from the unfiltered
     and the filtered statistics (``base`` and ``selection`` variants), then one drafter per set and
     seed. Returns ``(sets, settings, table)``; every drafter and benchmark is cached."""
-    from .speed_table import SpeedTableSettings, layer_sets, run_speed_table
+    from .speed_table import SpeedTableSettings, run_speed_table
+    from .table_sets import layer_sets
 
     settings = SpeedTableSettings.from_profile(params.profile_spec.drafter)
     stats = profile_stats(target, params, ["base", "selection"], progress=progress)

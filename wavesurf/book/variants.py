@@ -8,9 +8,12 @@ import json
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ParameterError, WavesurfError
+
+if TYPE_CHECKING:
+    from ..models import Target
 
 #: Keep captured batches in memory to feed several analyses from one forward pass when their
 #: hidden states (all layers, float32, padding included) take at most this many bytes.
@@ -20,7 +23,7 @@ SHARED_CAPTURE_MAX_BYTES = 6 * 2**30
 def analysis_variants(params: Any) -> dict[str, Any]:
     """AnalysisSettings of every variant the statistics notebooks read, by name:
     ``base``, ``position0``, ``selection`` and ``sweep:<filter>`` for each sweep filter."""
-    from .analysis import AnalysisSettings
+    from ..stats.analysis import AnalysisSettings
 
     a = params.profile_spec.analysis
     split = "stats" if params.dataset == "sharegpt" else None
@@ -44,7 +47,7 @@ def sweep_variant_names(params: Any) -> list[str]:
     return ["base"] + [f"sweep:{f}" for f in params.profile_spec.analysis.sweep_filters]
 
 
-def profile_stats(target: Any, params: Any, names: Sequence[str] | None = None,
+def profile_stats(target: Target, params: Any, names: Sequence[str] | None = None,
                   progress: bool = True) -> dict[str, Any]:
     """LayerStats of the profile's variants (all by default), from the results cache where present.
 
@@ -52,7 +55,8 @@ def profile_stats(target: Any, params: Any, names: Sequence[str] | None = None,
     corpus (batches kept in memory when they fit :data:`SHARED_CAPTURE_MAX_BYTES`, else one pass
     each), then cached exactly as :func:`wavesurf.analyze` would, so either reads the other's result.
     """
-    from .analysis import analysis_key, load_stats, result_dir
+    from ..stats.analysis import analysis_key
+    from ..stats.store import load_stats, result_dir
     from ..cache import verify_directory
 
     variants = analysis_variants(params)
@@ -84,10 +88,11 @@ def _capture_fields(s: Any) -> tuple:
     return (s.dataset, s.split, s.split_seed, s.max_tokens, s.max_len, s.batch_tokens)
 
 
-def _compute_shared(target: Any, missing: dict[str, Any], progress: bool) -> dict[str, Any]:
+def _compute_shared(target: Target, missing: dict[str, Any], progress: bool) -> dict[str, Any]:
     from ..capture import capture
     from ..data import load_corpus
-    from .analysis import analysis_key, analyze, analyze_batches, check_corpus_groups, result_dir, save_stats
+    from ..stats.analysis import analysis_key, analyze, analyze_batches, check_corpus_groups
+    from ..stats.store import result_dir, save_stats
 
     results: dict[str, Any] = {}
     groups: dict[tuple, list[str]] = {}
@@ -125,21 +130,11 @@ def _compute_shared(target: Any, missing: dict[str, Any], progress: bool) -> dic
     return results
 
 
-def control_view(stats: Any) -> Any:
-    """The random control subset of a filtered LayerStats, as a LayerStats of its own (so
-    selection and plots treat it like the filtered one)."""
-    from .analysis import LayerStats
-
-    if stats.control is None:
-        raise WavesurfError("these statistics have no random control (no token-entropy filter)")
-    return LayerStats(stats.key + ":random", {**stats.meta, "subset": "random"}, stats.control, None, stats.path)
-
-
 def cached_results(settings: Any) -> list[Any]:
     """LayerStats of every model whose cached analysis used exactly ``settings`` (all
     AnalysisSettings fields equal; model facts free), sorted by model name."""
     from ..cache import cache_root, verify_directory
-    from .analysis import load_stats
+    from ..stats.store import load_stats
 
     want = {**asdict(settings), "filter": _filter_label(settings.filter)}
     found = {}
@@ -160,7 +155,7 @@ def cached_results(settings: Any) -> list[Any]:
 
 def _filter_label(spec: Any) -> str | None:
     """The canonical label of a filter spec, or of the filter summary a result's meta records."""
-    from .filtering import TokenFilter
+    from ..stats.filtering import TokenFilter
 
     if isinstance(spec, dict):
         spec = spec.get("filter")
@@ -170,5 +165,5 @@ def _filter_label(spec: Any) -> str | None:
         return None
 
 
-__all__ = ["SHARED_CAPTURE_MAX_BYTES", "analysis_variants", "cached_results", "control_view", "profile_stats",
+__all__ = ["SHARED_CAPTURE_MAX_BYTES", "analysis_variants", "cached_results", "profile_stats",
            "sweep_variant_names"]
