@@ -69,14 +69,15 @@ paper.write_csv(table.streams, "tables/06_streams.csv")
 from IPython.display import HTML
 
 HTML(tables.html_table(
-    table.summary, ["layer_set", "group", "layer_ids", "seeds", "tau", "tau_lo", "tau_hi", "tau_seed_std", "diff",
-                    "diff_lo", "diff_hi", "diff_unadj_lo", "diff_unadj_hi", "verdict", "rescue", "rescue_lo",
-                    "rescue_hi", "lookup_tau", "lookup_diff", "lookup_diff_lo", "lookup_diff_hi"],
-    headers={"layer_set": "layer set", "layer_ids": "ids (vLLM)", "tau": "τ", "tau_lo": "95% lo", "tau_hi": "95% hi",
-             "tau_seed_std": "seed std", "diff": "Δ vs default", "diff_lo": "Δ lo (simult.)",
-             "diff_hi": "Δ hi (simult.)", "diff_unadj_lo": "Δ lo (one)", "diff_unadj_hi": "Δ hi (one)",
-             "rescue": "acc. where bigram misses", "rescue_lo": "lo", "rescue_hi": "hi",
-             "lookup_tau": "τ, lookup first", "lookup_diff": "Δ", "lookup_diff_lo": "Δ lo", "lookup_diff_hi": "Δ hi"},
+    table.summary, ["layer_set", "layer_ids", "seeds", "tau", "diff", "verdict", "diff_unadj", "rescue", "lookup_tau",
+                    "lookup_diff", "group", "tau_seed_std"],
+    headers={"layer_set": "layer set", "layer_ids": "ids (vLLM)", "tau": "τ (95% CI)",
+             "diff": "Δ vs default (simultaneous CI)", "diff_unadj": "Δ (per-comparison CI)",
+             "rescue": "acc. where bigram misses", "lookup_tau": "τ, lookup first", "lookup_diff": "Δ, lookup first",
+             "tau_seed_std": "seed std"},
+    intervals={"tau": ("tau_lo", "tau_hi"), "diff": ("diff_lo", "diff_hi"), "rescue": ("rescue_lo", "rescue_hi"),
+               "lookup_tau": ("lookup_tau_lo", "lookup_tau_hi"), "lookup_diff": ("lookup_diff_lo", "lookup_diff_hi"),
+               "diff_unadj": ("diff_unadj_lo", "diff_unadj_hi")},
     floatfmt=".3f"))
 
 # %% tags=["remove-input"]

@@ -21,3 +21,10 @@ def test_html_table_escapes_formats_and_fits_the_page():
     assert "nowrap" not in style[long_text]  # prose may wrap
     assert "text-align:right" not in style["&lt;b&gt;"]
     assert html_table([]).count("<tr>") == 1  # an empty table keeps its (empty) header row
+
+
+def test_an_interval_shares_its_estimate_cell():
+    page = html_table([{"tau": 1.286, "lo": 1.248, "hi": 1.323}, {"tau": 1.2, "lo": "", "hi": ""}], ["tau"],
+                      floatfmt=".3f", intervals={"tau": ("lo", "hi")})
+    assert ">1.286 (1.248 to 1.323)<" in page and ">1.200<" in page  # no bounds: the estimate alone
+    assert page.count("<th ") == 1  # one column instead of three

@@ -28,19 +28,25 @@ def _is_number(v: Any) -> bool:
 
 
 def html_table(rows: Sequence[dict[str, Any]], columns: Sequence[str] | None = None, floatfmt: str = ".4g",
-               headers: dict[str, str] | None = None) -> str:
+               headers: dict[str, str] | None = None, intervals: dict[str, tuple[str, str]] | None = None) -> str:
     """An HTML table (no pandas) of tidy rows inside a box that scrolls sideways when the table
-    is wider than the page; ``headers`` renames columns, ``floatfmt`` formats floats."""
+    is wider than the page; ``headers`` renames columns, ``floatfmt`` formats floats;
+    ``intervals`` maps a column to its (low, high) columns, shown in one cell as ``v (lo to hi)``
+    (one column instead of three, so the columns a page is about stay in view)."""
     columns = list(columns or (rows[0].keys() if rows else []))
-    headers = headers or {}
+    headers, intervals = headers or {}, intervals or {}
 
-    def cell(v: Any) -> str:
+    def text_of(v: Any) -> str:
         if isinstance(v, float | np.floating):
-            text = format(float(v), floatfmt)
-        elif isinstance(v, list | tuple):  # layer ids, as in the CSV
-            text = " ".join(map(str, v))
-        else:
-            text = str(v)
+            return format(float(v), floatfmt)
+        if isinstance(v, list | tuple):  # layer ids, as in the CSV
+            return " ".join(map(str, v))
+        return str(v)
+
+    def cell(v: Any, bounds: tuple[Any, Any] | None = None) -> str:
+        text = text_of(v)
+        if bounds is not None and all(_is_number(b) for b in bounds):
+            text += f" ({text_of(bounds[0])} to {text_of(bounds[1])})"
         style = _TD
         if _is_number(v):
             style += ";text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap"
@@ -49,7 +55,8 @@ def html_table(rows: Sequence[dict[str, Any]], columns: Sequence[str] | None = N
         return f'<td style="{style}">{html.escape(text)}</td>'
 
     head = "".join(f'<th style="{_TH}">{html.escape(headers.get(c, c))}</th>' for c in columns)
-    body = "".join("<tr>" + "".join(cell(r.get(c, "")) for c in columns) + "</tr>" for r in rows)
+    body = "".join("<tr>" + "".join(cell(r.get(c, ""), tuple(r.get(b, "") for b in intervals[c]) if c in intervals
+                                         else None) for c in columns) + "</tr>" for r in rows)
     return (f'<div class="wavesurf-table-wrap" style="{_WRAP}"><table class="wavesurf-table" style="{_TABLE}">'
             f"<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>")
 
