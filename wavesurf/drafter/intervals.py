@@ -87,10 +87,11 @@ def basis(n_seeds: int, n_sequences: int) -> str:
 
 def satterthwaite(v_seed: Any, v_seq: Any, df_seed: float, df_seq: float) -> np.ndarray:
     """Welch–Satterthwaite degrees of freedom of ``v_seed + v_seq`` whose parts have ``df_seed``
-    and ``df_seq`` degrees of freedom (a part that is 0 adds none; ``inf`` where both are 0)."""
-    v_seed, v_seq = np.asarray(v_seed, float), np.asarray(v_seq, float)
+    and ``df_seq`` degrees of freedom (a part that is 0 adds none; ``inf`` where both are 0);
+    ``df_seed`` may differ per element (drafters with different numbers of seeds)."""
+    v_seed, v_seq, df_seed = np.asarray(v_seed, float), np.asarray(v_seq, float), np.asarray(df_seed, float)
     num = (v_seed + v_seq) ** 2
-    den = (v_seed ** 2 / df_seed if df_seed > 0 else 0.0) + v_seq ** 2 / df_seq
+    den = np.where(df_seed > 0, v_seed ** 2 / np.where(df_seed > 0, df_seed, 1.0), 0.0) + v_seq ** 2 / df_seq
     with np.errstate(invalid="ignore", divide="ignore"):
         nu = np.where(den > 0, num / np.where(den > 0, den, 1.0), np.inf)
     return np.maximum(nu, 1.0)
@@ -153,14 +154,14 @@ def seed_counts(c: np.ndarray) -> np.ndarray:
     return counts
 
 
-def _replicates(c: np.ndarray, n: np.ndarray, n_boot: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _replicates(c: np.ndarray, n: np.ndarray, counts: np.ndarray, n_boot: int,
+                seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The two-level replicates of the module docstring for ``c``/``n`` [G, K, S] (missing seeds
-    NaN, :func:`seed_counts`): sequence-only replicates [B, G] (seeds fixed), full replicates
+    NaN; ``counts``: :func:`seed_counts` of ``c``): sequence-only replicates [B, G] (seeds fixed), full replicates
     [B, G] (sequences and seeds), and the full-sample per-seed tau [G, K] (NaN where missing).
     Drafters with the same number of seeds share one seed resampling (seed k paired with seed k);
     drafters with different numbers are resampled independently."""
     G, K, S = c.shape
-    counts = seed_counts(c)
     present = np.arange(K)[None, :] < counts[:, None]  # [G, K]
     c0, n0 = np.nan_to_num(c), np.nan_to_num(n)
     rng = np.random.default_rng(seed)
@@ -192,7 +193,7 @@ def tau_replicates(committed: Any, cycles: Any, *, n_boot: int = 2000, seed: int
         raise AcceptanceError(f"committed and cycles must both be [drafters, seeds, sequences], got {c.shape} and {n.shape}")
     if c.shape[2] < 2:
         raise AcceptanceError(f"intervals need at least 2 held-out sequences, got {c.shape[2]}")
-    _, rep, per_seed = _replicates(c, n, n_boot, seed)
+    _, rep, per_seed = _replicates(c, n, seed_counts(c), n_boot, seed)
     return rep, per_seed
 
 
@@ -210,7 +211,7 @@ def null_percentiles(committed: Any, cycles: Any, subjects: Sequence[int], null:
         raise AcceptanceError(f"a null needs at least 2 random layer sets, got {len(null)}")
     if c.shape[2] < 2:
         raise AcceptanceError(f"intervals need at least 2 held-out sequences, got {c.shape[2]}")
-    _, rep, per_seed = _replicates(c, n, n_boot, seed)
+    _, rep, per_seed = _replicates(c, n, seed_counts(c), n_boot, seed)
     point = np.nanmean(per_seed, axis=1)
 
     def share(mine: np.ndarray, others: np.ndarray) -> np.ndarray:
@@ -265,8 +266,8 @@ def tau_intervals(committed: Any, cycles: Any, *, reference: int | None = None, 
     if any(not 0 <= g < G or g == reference for g in family) or len(set(family)) != len(family):
         raise AcceptanceError(f"family={family} must list distinct drafters 0..{G - 1} other than the reference")
 
-    seq_rep, rep, per_seed = _replicates(c, n, n_boot, seed)
     counts = seed_counts(c)
+    seq_rep, rep, per_seed = _replicates(c, n, counts, n_boot, seed)
     point = np.nanmean(per_seed, axis=1)
 
     # between-seed variance: 0 for a drafter whose scores do not change with the seed (a floor,
@@ -283,7 +284,7 @@ def tau_intervals(committed: Any, cycles: Any, *, reference: int | None = None, 
         sigma2 = np.where(observed, s2, 0.0)
     # a trained drafter whose seed variance is neither its own nor pooled gets the sequence
     # percentile interval, labelled "sequences only" (what bootstrap_tau gave before seeds counted)
-    estimated = fixed | observed | (pooled & ~fixed)
+    estimated = np.ones(G, dtype=bool) if pooled else fixed | observed
     lone = np.flatnonzero((counts == 1) & ~fixed & estimated)
     if len(lone):  # a one-seed head's seed draw: normal with the pooled variance, so max-T sees its seed noise
         z = np.random.default_rng([seed, 2]).standard_normal((n_boot, len(lone)))
@@ -294,7 +295,7 @@ def tau_intervals(committed: Any, cycles: Any, *, reference: int | None = None, 
                  has_seed: np.ndarray) -> tuple[np.ndarray, ...]:
         v_seq = seq_b.var(axis=0, ddof=1)
         se = np.sqrt(v_seed + v_seq)
-        df = np.array([satterthwaite(v_seed[g], v_seq[g], df_part[g], S - 1) for g in range(len(est))]).reshape(-1)
+        df = satterthwaite(v_seed, v_seq, df_part, S - 1)
         seq_lo, seq_hi = np.quantile(seq_b, alpha / 2, axis=0), np.quantile(seq_b, 1 - alpha / 2, axis=0)
         half = t_critical(np.full(len(est), alpha), df) * se
         lo = np.where(has_seed, est - half, seq_lo)
