@@ -35,13 +35,17 @@ def _target() -> Path | None:
     return Path(path) if path else None
 
 
+def _due(force: bool = False) -> bool:
+    """Whether a write would happen now (a file is named and the last write is old enough)."""
+    return _target() is not None and (force or time.time() - _last_write[0] >= MIN_INTERVAL_S)
+
+
 def _write(force: bool = False) -> None:
     """Write the state to the progress file (throttled; errors ignored: progress never breaks a run)."""
-    path = _target()
-    now = time.time()
-    if path is None or (not force and now - _last_write[0] < MIN_INTERVAL_S):
+    if not _due(force):
         return
-    _last_write[0] = now
+    path = _target()
+    _last_write[0] = time.time()
     try:
         tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
         tmp.write_text(json.dumps(_state))
@@ -76,12 +80,15 @@ def progress_bar(*args: Any, **kwargs: Any) -> Any:
             super().close()
 
         def _report(self, force: bool = False) -> None:
-            if _target() is None or getattr(self, "disable", True):  # no file, or the caller asked for no bar
+            # nothing to do without a file, for a bar the caller disabled, or before the next write is
+            # due: a bar updates every step, so its state is built only when it is written
+            if getattr(self, "disable", True) or not _due(force):
                 return
-            rate = self.format_dict.get("rate") or (self.n / self.format_dict["elapsed"]
-                                                    if self.format_dict.get("elapsed") else None)
+            fmt = self.format_dict
+            elapsed = fmt.get("elapsed")
+            rate = fmt.get("rate") or (self.n / elapsed if elapsed else None)
             _state["bar"] = {"desc": self.desc or "", "n": float(self.n), "total": self.total, "unit": self.unit,
-                             "rate": rate, "elapsed": self.format_dict.get("elapsed"), "time": time.time()}
+                             "rate": rate, "elapsed": elapsed, "time": time.time()}
             _write(force)
 
     return ReportingBar(*args, **kwargs)
