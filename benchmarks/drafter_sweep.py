@@ -67,6 +67,13 @@ SETTINGS = {
     "batch256_bf16_tokens3x": {"batch_tokens": 256, "precision": "bfloat16", "train_tokens_scale": 3.0},
     "embedding_only_batch256_bf16_tokens3x": {"embedding_only": True, "batch_tokens": 256, "precision": "bfloat16",
                                               "train_tokens_scale": 3.0},
+    # issue 30, against "bf16" (and the 1.5x row against "bf16_tokens1.5x"): inverse_rms costs no time per
+    # step, so equal tokens is equal wall-clock; fc in float32 does cost time, its train_s against bf16's says
+    # how much (equal wall-clock is then a train_tokens_scale of their ratio)
+    "init_fc_inverse_rms_bf16": {"init_fc": "inverse_rms", "precision": "bfloat16"},
+    "init_fc_inverse_rms_bf16_tokens1.5x": {"init_fc": "inverse_rms", "precision": "bfloat16", "train_tokens_scale": 1.5},
+    "fc_fp32_bf16": {"fc_precision": "float32", "precision": "bfloat16"},
+    "init_fc_inverse_rms_fc_fp32_bf16": {"init_fc": "inverse_rms", "fc_precision": "float32", "precision": "bfloat16"},
 }
 
 

@@ -9,7 +9,7 @@ import torch
 
 from wavesurf.consumers import ConsumerError, read_layer_ids, written_layer_ids
 from wavesurf.drafter.export import export_drafter, load_export
-from wavesurf.drafter.head import DraftConfig, DraftHead, DrafterError, causal_mask, init_head, save_head
+from wavesurf.drafter.head import DraftConfig, DraftHead, DrafterError, causal_mask, init_head, load_head, save_head
 
 @pytest.fixture(scope="module")
 def head(smollm):
@@ -146,6 +146,35 @@ def test_normalised_head_writes_fc_norm(smollm, tmp_path):
             assert torch.equal(f.get_tensor("fc_norm.2.weight"), torch.ones(smollm.hidden_size))
         back = load_export(out, smollm)
         assert back.config.input_norm == "rms" and _draft(back, smollm)[0] == _draft(normed, smollm)[0]
+
+
+def test_inverse_rms_head_exports_plain_eagle3(smollm, tiny_store, tmp_cache, tmp_path):
+    """A head trained with init_fc="inverse_rms" (fc frozen, so it stays at that start) is plain
+    EAGLE-3: every format writes it without fc_norm and reads it back unchanged."""
+    from safetensors import safe_open
+
+    from wavesurf.drafter.features import stream_rms
+    from wavesurf.drafter.train import TrainSettings, train_drafter
+
+    layers = [2, 15, 27]
+    settings = TrainSettings(init_fc="inverse_rms", frozen=("fc",), ttt_steps=2, draft_vocab_size=1024,
+                             batch_tokens=256, max_steps=2)
+    train_drafter(smollm, tiny_store, layers, settings, tmp_path / "run", progress=False)
+    rms = torch.from_numpy(stream_rms(tiny_store, layers)).float().repeat_interleave(smollm.hidden_size)
+    start = init_head(DraftHead(DraftConfig.for_target(smollm, layers, 1024)), seed=0).fc.weight / rms
+    trained = load_head(tmp_path / "run", smollm)[0]
+    torch.testing.assert_close(trained.fc.weight, start, rtol=1e-6, atol=0)
+    assert trained.config.input_norm == "none"
+    for fmt in ALL:
+        out = export_drafter(tmp_path / "run", fmt, tmp_path / fmt, dtype="float32")
+        cfg = json.loads((out / "config.json").read_text())
+        assert cfg["fc_norm"] is False and cfg["wavesurf"]["config"]["input_norm"] == "none"
+        with safe_open(str(out / "model.safetensors"), "pt") as f:
+            assert not any(name.startswith("fc_norm") for name in f.keys())
+        back = load_export(out, smollm)
+        for key, value in trained.state_dict().items():
+            assert torch.equal(value, back.state_dict()[key]), (fmt, key)
+        assert _draft(back, smollm)[0] == _draft(trained, smollm)[0]
 
 
 def test_speculators_verifier_and_full_vocabulary(smollm, gemma, tmp_path):

@@ -124,3 +124,30 @@ def test_bad_settings_are_refused(smollm, tmp_path):
         build_feature_store(smollm, path=tmp_path / "s", dtype="bfloat16", max_tokens=100)
     with pytest.raises(ValueError, match=r"\[31\]"):
         build_feature_store(smollm, path=tmp_path / "s", layer_ids=[2, 31], max_tokens=100)
+
+
+def test_stream_rms_equals_a_float64_reference_over_real_positions(tiny_store):
+    """Over every stored token the RMS equals numpy float64 on the shards themselves (real tokens
+    only: padding would pull it down); with a cap, on the first tokens in batch order."""
+    from safetensors.numpy import load_file as load_numpy
+
+    from wavesurf.drafter.features import stream_rms
+
+    ids = [2, 15, 27]
+    shards = [load_numpy(str(tiny_store.path / s["file"])) for s in tiny_store.manifest["shards"]]
+    full = np.array([np.sqrt(np.mean(np.concatenate([s[f"hidden.{i}"] for s in shards]).astype(np.float64) ** 2))
+                     for i in ids])
+    np.testing.assert_allclose(stream_rms(tiny_store, ids, max_tokens=10**6, batch_tokens=512), full, rtol=1e-9)
+    assert full.max() / full.min() > 10  # why the init exists: the streams differ in scale by far more than 1
+    d = tiny_store.hidden_size
+    batches = tiny_store.batches(ids, 512)
+    first = np.concatenate([b["features"][b["attention_mask"]].numpy().astype(np.float64)
+                            for b in (batches[i] for i in range(len(batches)))])[:700]
+    capped = np.array([np.sqrt(np.mean(first[:, c * d:(c + 1) * d] ** 2)) for c in range(len(ids))])
+    got = stream_rms(tiny_store, ids, max_tokens=700, batch_tokens=512)
+    np.testing.assert_allclose(got, capped, rtol=1e-9)
+    assert not np.allclose(got, full, rtol=1e-3)  # the cap is honoured
+    with pytest.raises(DrafterError, match=r"max_tokens=0 must be a positive integer"):
+        stream_rms(tiny_store, ids, max_tokens=0)
+    with pytest.raises(DrafterError, match="stored ids"):
+        stream_rms(tiny_store, [3, 15])

@@ -194,6 +194,94 @@ def test_bfloat16_training_is_close_to_float32_and_keeps_float32_weights(smollm,
         TrainSettings(precision="float16").check()
 
 
+class _LinearDtypes(torch.overrides.TorchFunctionMode):
+    """Records the output dtype of every linear product run while it is active."""
+
+    def __init__(self, seen):
+        super().__init__()
+        self.seen = seen
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func is torch.nn.functional.linear:
+            self.seen.append(out.dtype)
+        return out
+
+
+def test_init_fc_and_fc_precision_refuse_bad_values_and_keep_the_default_key():
+    from wavesurf.cache import params_key
+
+    # options added later stay out of the fingerprint at their defaults: earlier heads keep their cache keys
+    assert {"init_fc", "fc_precision"}.isdisjoint(TrainSettings().fingerprint())
+    assert params_key(TrainSettings().fingerprint()) == "b2447c82359860cf"  # the key before these options
+    assert TrainSettings(init_fc="inverse_rms").fingerprint()["init_fc"] == "inverse_rms"
+    assert TrainSettings(fc_precision="float32").fingerprint()["fc_precision"] == "float32"
+    with pytest.raises(DrafterError, match=r"init_fc='unit' is not one of \('random', 'inverse_rms'\)"):
+        TrainSettings(init_fc="unit").check()
+    with pytest.raises(DrafterError, match=r"fc_precision='bfloat16' is not one of \('auto', 'float32'\)"):
+        TrainSettings(fc_precision="bfloat16").check()
+    clashes = {"input_norm='rms'.*needs input_norm='none'": {"input_norm": "rms"},
+               "embedding_only=True.*needs embedding_only=False": {"embedding_only": True},
+               "init_attention='induction'.*needs init_attention='random'": {"init_attention": "induction",
+                                                                             "init_lm_head": "target"}}
+    for message, clash in clashes.items():
+        with pytest.raises(DrafterError, match=f"init_fc='inverse_rms' with {message}.*or use init_fc='random'"):
+            TrainSettings(init_fc="inverse_rms", **clash).check()
+        TrainSettings(**clash).check()  # each is fine on its own
+    TrainSettings(init_fc="inverse_rms", frozen=("fc",)).check()  # a fixed fc weighing every stream alike
+    TrainSettings(fc_precision="float32").check()  # accepted with precision float32, where it changes nothing
+
+
+def test_inverse_rms_init_gives_every_stream_a_comparable_share_of_fc(smollm, tiny_store):
+    from wavesurf.drafter.diagnostics import stream_contributions
+    from wavesurf.drafter.features import stream_rms
+    from wavesurf.drafter.train import init_fc_inverse_rms
+
+    def spread(head):
+        parts = [c["contribution_rms"] for c in stream_contributions(head, tiny_store)]  # RMS of fc_i(x_i)
+        return max(parts) / min(parts)
+
+    head = init_head(DraftHead(DraftConfig.for_target(smollm, LAYERS, 1024)), seed=0)
+    random_spread = spread(head)
+    rms = stream_rms(tiny_store, LAYERS)
+    init_fc_inverse_rms(head, rms)
+    assert random_spread > 10 and spread(head) < 1.2  # SmolLM2: ~30 from random init, ~1.03 after
+    with pytest.raises(DrafterError, match=r"must be 3 positive numbers, one per layer \[2, 15, 27\]"):
+        init_fc_inverse_rms(head, [1.0, 0.0, 2.0])
+
+
+def test_fc_precision_float32_computes_fc_in_float32_under_autocast_and_trains(smollm, tiny_store, tmp_cache, tmp_path):
+    head = init_head(DraftHead(DraftConfig.for_target(smollm, LAYERS, 1024)), seed=0)
+    features = tiny_store.batches(LAYERS, 256)[0]["features"]
+    exact = head.fuse(features)  # float32 throughout
+    seen = []
+    with torch.autocast("cpu", dtype=torch.bfloat16), _LinearDtypes(seen):
+        plain = head.fuse(features)
+        kept = head.fuse(features, float32=True)
+    assert seen == [torch.bfloat16, torch.float32]  # fc's own output inside autocast: as autocast, then float32
+    # the rest of the head gets autocast's dtype as before, rounded once from the float32 fusion
+    assert plain.dtype == kept.dtype == torch.bfloat16 and torch.equal(kept, exact.to(torch.bfloat16))
+    assert not torch.equal(plain, kept)  # a bfloat16 fc rounds its inputs and weights
+    assert torch.equal(head.fuse(features, float32=True), exact)  # without autocast: the plain path
+
+    calls = []
+    fuse = DraftHead.fuse
+
+    def spy(self, features, float32=False):
+        calls.append((float32, torch.is_autocast_enabled("cpu")))
+        return fuse(self, features, float32)
+
+    settings = TrainSettings(**{**FAST, "max_steps": 4, "precision": "bfloat16", "fc_precision": "float32"})
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(DraftHead, "fuse", spy)
+        res = train_drafter(smollm, tiny_store, LAYERS, settings, tmp_path / "fc32", progress=False)
+    assert calls == [(True, True)] * 4  # every training step fuses in float32 under bfloat16 autocast
+    assert res.history[-1]["loss"] < res.history[0]["loss"]
+    assert load_file(str(tmp_path / "fc32" / "drafter.safetensors"))["fc.weight"].dtype == torch.float32
+    head, info = load_head(tmp_path / "fc32", smollm)
+    assert info["settings"]["fc_precision"] == "float32" and "fc_precision" not in head.config.to_dict()
+
+
 def test_interrupted_run_resumes_to_the_same_weights(smollm, tiny_store, tmp_cache, tmp_path):
     settings = TrainSettings(**{**FAST, "max_steps": 6, "checkpoint_every": 3})
     straight = train_drafter(smollm, tiny_store, LAYERS, settings, tmp_path / "a", progress=False)

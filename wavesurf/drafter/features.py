@@ -402,5 +402,34 @@ def open_feature_store(path: str | Path) -> FeatureStore:
     return FeatureStore(path)
 
 
+def stream_rms(store: FeatureStore, layer_ids: Sequence[int], max_tokens: int = 8192,
+               batch_tokens: int = 4096) -> np.ndarray:
+    """Root mean square of each stored stream (``layer_ids`` ascending), float64 [k], over the
+    first ``max_tokens`` real positions of ``store`` in batch order (padding excluded).
+
+    Why: residual streams differ in scale by one to two orders of magnitude across depth
+    (SmolLM2-135M: ~3 at layer 2, ~95 at layers 15 and 27), so an ``fc`` whose columns all start at
+    one scale hears mostly the loudest streams; ``TrainSettings(init_fc="inverse_rms")`` divides
+    each stream's columns by this. A few thousand tokens pin a scale, not a distribution."""
+    import torch
+
+    if not is_int(max_tokens, 1):
+        raise DrafterError(f"max_tokens={max_tokens!r} must be a positive integer")
+    batches = store.batches(layer_ids, batch_tokens)
+    k, d = len(batches.layer_ids), store.hidden_size
+    squares = torch.zeros(k, dtype=torch.float64)
+    n = 0
+    for i in range(len(batches)):
+        batch = batches[i]
+        x = batch["features"][batch["attention_mask"]][: max_tokens - n].double()  # [P, k*d], real positions
+        squares += x.unflatten(-1, (k, d)).pow(2).sum(dim=(0, 2))
+        n += x.shape[0]
+        if n >= max_tokens:
+            break
+    if n == 0:
+        raise DrafterError(f"feature store {store.path.name} holds no positions to measure stream RMS on")
+    return np.sqrt(squares.numpy() / (n * d))
+
+
 __all__ = ["FeatureSettings", "FeatureStore", "FeatureBatches", "TargetHead", "build_feature_store",
-           "open_feature_store", "store_dir"]
+           "open_feature_store", "store_dir", "stream_rms"]

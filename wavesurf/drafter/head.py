@@ -329,11 +329,23 @@ class DraftHead(nn.Module):
         return torch.arange(self.config.draft_vocab_size, device=self.d2t.device) + self.d2t
 
     # ---- forward -------------------------------------------------------------------------
-    def fuse(self, features: torch.Tensor) -> torch.Tensor:
-        """Concatenated target streams [B, T, k*H_t] (ascending layer ids) -> fused feature [B, T, H]."""
+    def fuse(self, features: torch.Tensor, float32: bool = False) -> torch.Tensor:
+        """Concatenated target streams [B, T, k*H_t] (ascending layer ids) -> fused feature [B, T, H].
+
+        ``float32=True`` (``TrainSettings.fc_precision="float32"``) computes ``fc`` and the input
+        norm in float32 even under ``torch.autocast``, and returns the result in the dtype the rest
+        of the head computes in (autocast's, else the weights'): only the fusion's arithmetic
+        changes, the streams of very different scale meet fc without bfloat16 rounding. Without
+        autocast and with float32 weights (scoring, decoding) it is the plain path."""
         if self.config.embedding_only:
             return features.new_zeros(*features.shape[:-1], self.config.hidden_size)
-        return self.fc(self.fc_inputs(features))
+        if not float32:
+            return self.fc(self.fc_inputs(features))
+        device = features.device.type
+        dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else self.fc.weight.dtype
+        with torch.autocast(device, enabled=False):
+            fused = F.linear(self.fc_inputs(features.float()), self.fc.weight.float())
+        return fused.to(dtype)
 
     def fc_inputs(self, features: torch.Tensor) -> torch.Tensor:
         """The concatenated streams as ``fc`` sees them: divided each by its RMS when ``input_norm="rms"``."""

@@ -46,7 +46,7 @@ from ..errors import is_int
 from ..cache import cache_root, describe_differences, params_key, safe_name
 from ..models import block_output_ids
 from ..settings_cli import setting
-from .features import FeatureStore, TargetHead
+from .features import FeatureStore, TargetHead, stream_rms
 from .head import INPUT_NORMS, DraftConfig, DraftHead, DrafterError, check_draft_layer_ids, init_head, save_head
 from .vocab import build_draft_vocab, check_draft_vocab_size
 
@@ -56,6 +56,10 @@ if TYPE_CHECKING:
 SCHEDULES = ("cosine", "linear", "constant")
 LM_HEAD_INITS = ("random", "target")
 ATTENTION_INITS = ("random", "induction")
+#: how ``fc`` starts: "inverse_rms" divides the columns reading each stream by its RMS (:func:`init_fc_inverse_rms`)
+FC_INITS = ("random", "inverse_rms")
+#: arithmetic of ``fc`` under ``precision="bfloat16"``: "auto" follows autocast, "float32" keeps it in float32
+FC_PRECISIONS = ("auto", "float32")
 #: arithmetic of the head's forward and backward passes: "bfloat16" runs them under
 #: ``torch.autocast`` (weights, optimizer state and the loss's log-softmax stay float32)
 PRECISIONS = ("float32", "bfloat16")
@@ -65,7 +69,10 @@ TRAINER_STATE = "trainer.json"
 #: settings that do not change the trained weights (a resume may change them)
 _NOT_FINGERPRINTED = ("checkpoint_every", "log_every")
 #: options added later: left out of the fingerprint at their default, so earlier heads keep their keys
-_FINGERPRINTED_IF_SET = {"init_attention": "random", "frozen": [], "precision": "float32", "embedding_only": False}  # defaults as fingerprinted
+_FINGERPRINTED_IF_SET = {"init_attention": "random", "frozen": [], "precision": "float32", "embedding_only": False,
+                         "init_fc": "random", "fc_precision": "auto"}  # defaults as fingerprinted
+#: stored tokens :func:`~wavesurf.drafter.features.stream_rms` reads for ``init_fc="inverse_rms"``
+INVERSE_RMS_TOKENS = 8192
 
 
 @dataclass
@@ -86,6 +93,21 @@ class TrainSettings:
     ``precision="bfloat16"`` runs the head's matrix products in bfloat16 under ``torch.autocast``
     (CPUs with AVX512-BF16 or AMX, and GPUs, do them faster; the target's soft labels, the weights
     and AdamW stay float32); ``benchmarks/drafter_sweep.py`` measures what it changes.
+    ``init_fc="inverse_rms"`` divides, after every other initialisation, the ``fc`` columns that
+    read stream i by that stream's RMS over the first 8192 stored tokens
+    (:func:`~wavesurf.drafter.features.stream_rms`): each stream enters ``fc`` at comparable scale,
+    as under ``input_norm="rms"``, but as one constant per stream folded into the weights, so the
+    head is plain EAGLE-3 (no ``fc_norm``) and every consumer reads its export unchanged. Refused
+    with ``input_norm="rms"`` (the streams are unit RMS already), ``embedding_only=True`` (``fc``
+    reads nothing) and ``init_attention="induction"`` (which sets ``fc`` itself and fits its key
+    map on that ``fc``); allowed with ``frozen=["fc"]`` (a fixed ``fc`` that weighs every stream
+    alike). ``fc_precision="float32"`` computes ``fc`` (and the per-stream RMS division of
+    ``input_norm="rms"``) in float32 under ``precision="bfloat16"``, handing its output to the rest
+    of the head in bfloat16 as before (:meth:`~wavesurf.drafter.head.DraftHead.fuse`); with
+    ``precision="float32"`` it changes nothing. It is training arithmetic only: offline scoring
+    (:mod:`~wavesurf.drafter.acceptance`) and decoding run every head in its float32 weights
+    without autocast, and exports carry weights, so neither the head's config nor its exports
+    record it.
     ``lr`` is higher than EAGLE-3's 5e-5 (tuned there for 800k steps) because runs here are short.
     Memory grows with ``batch_tokens * ttt_steps * draft_vocab_size`` (one float32 [tokens, V_d]
     log-softmax per unrolled step is kept for the backward pass).
@@ -111,6 +133,9 @@ class TrainSettings:
                                 "target's unembedding rows of the draft vocabulary")
     init_attention: str = setting("random", choices=ATTENTION_INITS, help="induction: start fc and attention as a "
                                   "copy head (wavesurf.drafter.induction); pair it with init_lm_head target")
+    init_fc: str = setting("random", choices=FC_INITS, help="inverse_rms: divide the fc columns reading each stream "
+                           "by that stream's RMS over 8192 stored tokens, so every stream enters fc at comparable "
+                           "scale without a norm (exports stay plain EAGLE-3)")
     frozen: tuple[str, ...] = setting((), choices=tuple(FREEZABLE), help="parts of the head kept at their initial "
                                       "weights while the rest trains")
     input_norm: str = setting("none", choices=INPUT_NORMS, help="rms: divide each target stream by its RMS before "
@@ -119,6 +144,9 @@ class TrainSettings:
     precision: str = setting("float32", choices=PRECISIONS, help="arithmetic of the head's forward/backward: "
                              "bfloat16 runs them under torch.autocast, faster on CPUs with AVX512-BF16/AMX and on "
                              "GPUs; weights and optimizer stay float32")
+    fc_precision: str = setting("auto", choices=FC_PRECISIONS, help="float32: the fusion layer fc (and the input "
+                                "norm) in float32 under precision bfloat16, the rest of the head as before; no "
+                                "effect with precision float32, none on exports")
     embedding_only: bool = setting(False, help="train the control that reads no target stream (fc sees zeros): what "
                                    "the same head drafts from the token embedding alone; a diagnostic, not exported")
     checkpoint_every: int = setting(100, positive=True, help="steps between checkpoints")
@@ -150,6 +178,19 @@ class TrainSettings:
             raise DrafterError(f"embedding_only={self.embedding_only!r} must be True or False")
         if self.precision not in PRECISIONS:
             raise DrafterError(f"precision={self.precision!r} is not one of {PRECISIONS}")
+        if self.init_fc not in FC_INITS:
+            raise DrafterError(f"init_fc={self.init_fc!r} is not one of {FC_INITS}")
+        if self.fc_precision not in FC_PRECISIONS:
+            raise DrafterError(f"fc_precision={self.fc_precision!r} is not one of {FC_PRECISIONS}")
+        if self.init_fc == "inverse_rms":
+            clash = {"input_norm": (self.input_norm, "rms", "'none' (the streams reach fc at unit RMS already)"),
+                     "embedding_only": (self.embedding_only, True, "False (the control's fc reads no stream)"),
+                     "init_attention": (self.init_attention, "induction",
+                                        "'random' (the induction start sets fc itself and fits its key map on it)")}
+            for name, (value, refused, allowed) in clash.items():
+                if value == refused:
+                    raise DrafterError(f"init_fc='inverse_rms' with {name}={value!r}: it needs {name}={allowed}; "
+                                       "or use init_fc='random'")
         if self.schedule not in SCHEDULES:
             raise DrafterError(f"schedule={self.schedule!r} is not one of {SCHEDULES}")
         if not self.lr > 0 or not math.isfinite(self.lr):
@@ -199,7 +240,7 @@ class TrainResult:
 # ---------------------------------------------------------------------------------------------
 # training-time test
 def ttt_unroll(head: DraftHead, features: Any, embeds: Any, attention_mask: Any, steps: int,
-               with_logits: bool = True) -> Iterator[tuple[int, Any]]:
+               with_logits: bool = True, fc_float32: bool = False) -> Iterator[tuple[int, Any]]:
     """The unrolled draft steps that training and offline scoring share (one home, so the
     "exact offline tau" the speed table reports is the head training optimised): step j at
     position t reads the fused target features of t (step 0) or its own previous output, and the
@@ -207,12 +248,13 @@ def ttt_unroll(head: DraftHead, features: Any, embeds: Any, attention_mask: Any,
     steps at t (:meth:`~wavesurf.drafter.head.DraftHead.step_ttt`; batches are right-padded, so a
     real position never sees a padded one). Yields ``(j, DraftStep)`` while step j has a position to
     draft for; the caller reads the logits it needs (``with_logits=False``: none are computed, the
-    caller reads out the rows it needs with ``head.readout``)."""
+    caller reads out the rows it needs with ``head.readout``). ``fc_float32``: the fusion in float32
+    under autocast (``TrainSettings.fc_precision``; without autocast, as scoring runs, the same)."""
     import torch
 
     b, t = attention_mask.shape
     positions = torch.arange(t, device=attention_mask.device)[None].expand(b, t)
-    hidden = head.fuse(features)
+    hidden = head.fuse(features, float32=fc_float32)
     keys: list[Any] = []
     values: list[Any] = []
     for j in range(steps):
@@ -246,11 +288,13 @@ def ttt_forward(
     ttt_steps: int,
     step_weight: float = 0.8,
     keep_logits: bool = False,
+    fc_float32: bool = False,
 ) -> TTTOutput:
     """Unroll ``ttt_steps`` draft steps over one feature batch (see the module docstring).
 
     ``target_head`` must be restricted to the head's draft vocabulary (``TargetHead(target,
-    head.draft_to_target)``); ``embed`` maps token ids to the target's input embeddings.
+    head.draft_to_target)``); ``embed`` maps token ids to the target's input embeddings;
+    ``fc_float32`` as in :func:`ttt_unroll`.
     """
     import torch
     from torch.nn import functional as F
@@ -273,7 +317,8 @@ def ttt_forward(
     total = embeds.new_zeros(())
     sums = torch.zeros(3, ttt_steps, dtype=torch.float64)
     kept_logits = []
-    for j, out in ttt_unroll(head, batch["features"], embeds, attn, ttt_steps, with_logits=keep_logits):
+    for j, out in ttt_unroll(head, batch["features"], embeds, attn, ttt_steps, with_logits=keep_logits,
+                             fc_float32=fc_float32):
         n = t - 2 - j  # positions t with a token x_{t+2+j} to predict
         if n <= 0:
             break
@@ -297,13 +342,15 @@ def _ttt_module():
         """The head wrapped so that one ``forward`` is one TTT unroll: Accelerate/DDP wraps this
         module, and gradients are synchronised through its forward. Returns (loss, stats [3, S])."""
 
-        def __init__(self, head: DraftHead):
+        def __init__(self, head: DraftHead, fc_float32: bool = False):
             super().__init__()
             self.head = head
+            self.fc_float32 = fc_float32
 
         def forward(self, batch: dict[str, Any], embed: Any, target_head: TargetHead, ttt_steps: int,
                     step_weight: float) -> tuple[Any, Any]:
-            res = ttt_forward(self.head, batch, embed, target_head, ttt_steps, step_weight)
+            res = ttt_forward(self.head, batch, embed, target_head, ttt_steps, step_weight,
+                              fc_float32=self.fc_float32)
             return res.loss, torch.stack([res.step_loss_sum, res.step_correct, res.step_count])
 
     return TTTModel
@@ -347,6 +394,23 @@ def init_from_target(head: DraftHead, target: Target) -> DraftHead:
         ones = torch.ones(1, head.config.hidden_size, dtype=th.weight.dtype, device=th.weight.device)
         scale = th.norm(ones)[0] * (1 + head.config.rms_norm_eps) ** 0.5  # the norm's effective weight (Gemma: 1 + w)
         head.norm.weight.copy_(scale.to(head.norm.weight.dtype))
+    return head
+
+
+def init_fc_inverse_rms(head: DraftHead, rms: Sequence[float]) -> DraftHead:
+    """Divide the ``fc`` columns that read stream i by ``rms[i]`` (its RMS in the store,
+    :func:`~wavesurf.drafter.features.stream_rms`): each stream then starts with a comparable share
+    of the fused feature, as under ``input_norm="rms"``, but the scale is folded into the weights,
+    so the head keeps the plain EAGLE-3 graph and export (no ``fc_norm``)."""
+    import torch
+
+    k, d = len(head.config.layer_ids), head.config.target_hidden_size
+    rms = np.asarray(rms, dtype=np.float64)
+    if rms.shape != (k,) or not (np.isfinite(rms) & (rms > 0)).all():
+        raise DrafterError(f"stream RMS {rms.tolist()} must be {k} positive numbers, one per layer {head.config.layer_ids}")
+    scale = torch.from_numpy(1.0 / rms).repeat_interleave(d)
+    with torch.no_grad():
+        head.fc.weight.mul_(scale.to(head.fc.weight))
     return head
 
 
@@ -430,6 +494,8 @@ def train_drafter(
         from .induction import induction_init
 
         induction_init(head, store.batches(ids, 4096), embedding, seed=settings.seed)
+    if settings.init_fc == "inverse_rms":  # last: it scales whatever fc the other starts left
+        init_fc_inverse_rms(head, stream_rms(store, ids, INVERSE_RMS_TOKENS))
     head.to(accelerator.device).train()
     target_head = TargetHead(target, vocab.ids)
     frozen = tuple(prefix for part in settings.frozen for prefix in FREEZABLE[part])
@@ -452,7 +518,8 @@ def train_drafter(
         limits.append(max(1, math.ceil(settings.train_tokens / tokens_per_step)))
     total_steps = min(limits) if limits else steps_per_epoch
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(settings, total_steps))
-    model, optimizer, scheduler = accelerator.prepare(_ttt_module()(head), optimizer, scheduler)
+    model, optimizer, scheduler = accelerator.prepare(_ttt_module()(head, settings.fc_precision == "float32"),
+                                                      optimizer, scheduler)
 
     state: dict[str, Any] = {"steps": 0, "tokens": 0, "seconds": 0.0, "history": [],
                              "window": np.zeros((3, settings.ttt_steps)).tolist(), "fingerprint": fingerprint}
@@ -621,4 +688,5 @@ def train_from_features(target: Target, features: Any, layer_ids: Sequence[int],
     return result, store, state
 
 
-__all__ = ["TrainSettings", "TrainResult", "train_drafter", "train_from_features", "ttt_forward", "lr_lambda", "SCHEDULES", "PRECISIONS"]
+__all__ = ["TrainSettings", "TrainResult", "train_drafter", "train_from_features", "ttt_forward", "lr_lambda", "SCHEDULES",
+           "PRECISIONS", "FC_INITS", "FC_PRECISIONS", "init_fc_inverse_rms"]
