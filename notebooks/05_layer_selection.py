@@ -43,7 +43,8 @@ print(f"{target.name}: N = {target.n_layers} blocks, d = {target.hidden_size}, "
       f"default EAGLE-3 layers (vLLM ids) {target.default_layer_ids()}")
 
 # %% tags=["hide-output"]
-stats = variants.profile_stats(target, P, ["selection"])["selection"]
+selection_variant = variants.selection_variant_names(P)[1]  # the profile's analysis.selection_positions
+stats = variants.profile_stats(target, P, [selection_variant])[selection_variant]
 rows = selection_rows(stats, k=3)
 paper.write_csv(rows, "tables/05_layer_selection.csv")
 by = {r["method"]: r for r in rows}
@@ -103,11 +104,13 @@ else:
     glue("recurrence_sentence", paper.interval_note(stats), display=False)
 glue("n_tokens", f"{stats.main.n_tokens:,}", display=False)
 glue("filter", stats.meta["filter"]["filter"], display=False)
+glue("positions", "assistant tokens of the target's own answers (the positions a drafter serves)"
+     if selection_variant.startswith("served") else f"every position of {stats.meta['dataset']}", display=False)
 
 # %% [markdown]
 # ```{glue:figure} fig_sets
 # The layer ids each method selects (k = 3) on {glue:text}`n_tokens` positions kept by the filter
-# {glue:text}`filter`, over the CKA compartments. **What to see:** which compartments each method
+# {glue:text}`filter` among {glue:text}`positions`, over the CKA compartments. **What to see:** which compartments each method
 # draws from, compared with the default rule's spread over depth.
 # ```
 #

@@ -47,7 +47,7 @@ device = "auto"  # auto, cpu, cuda, cuda:N
 import matplotlib.pyplot as plt
 from myst_nb import glue
 
-from wavesurf.book import paper, plots, tables
+from wavesurf.book import paper, plots, tables, variants
 from wavesurf.book.notebook import open_notebook
 from wavesurf.book.verdicts import seeds_clause
 
@@ -289,7 +289,8 @@ import numpy as np
 from wavesurf.criteria import criteria_sentence, criteria_vs_tau, set_criteria
 from wavesurf.stats.layer_sets import all_subsets
 
-stats = paper.profile_stats(target, P, ["selection"], progress=False)["selection"]
+selection_variant = variants.selection_variant_names(P)[1]  # the profile's analysis.selection_positions
+stats = variants.profile_stats(target, P, [selection_variant], progress=False)[selection_variant]
 trained = [s for s in sets if s.name in table.runs]
 criteria = [set_criteria(stats, s.layer_ids) for s in trained]
 criteria_rows = criteria_vs_tau(criteria, [table.runs[s.name] for s in trained], table.info["draft_len"],

@@ -124,6 +124,23 @@ def test_budget_is_exact_and_checked(smollm):
     assert "ask for at most" in str(err.value) and "'mt-bench'" in str(err.value)
 
 
+def test_budget_for_role_positions_matches_brute_force(smollm):
+    """The budget whose tokens hold n assistant positions: encode_budget of it holds exactly n
+    (position 0 never counts), and a corpus with fewer gives all its tokens."""
+    from wavesurf.data import tokens_for_role_positions
+
+    mt = load_corpus("mt-bench")
+    tok = smollm.tokenizer
+    for n in (1, 37, 400):
+        budget = tokens_for_role_positions(mt, tok, True, n, role=ROLE_USER, max_len=128)
+        enc = encode_budget(mt, tok, True, budget, max_len=128)
+        assert sum(int((e.roles[1:] == ROLE_USER).sum()) for e in enc) == n
+        assert enc[-1].roles[-1] == ROLE_USER  # the budget ends on the n-th position, not after it
+    everything = sum(len(e) for e in (encode(x, tok, True, 128) for x in mt.examples) if len(e) >= 2)
+    assert tokens_for_role_positions(mt, tok, True, 10**7, role=ROLE_USER, max_len=128) == everything
+    assert tokens_for_role_positions(mt, tok, True, 5, role=ROLE_ASSISTANT, max_len=128) == everything  # none
+
+
 def test_batches_respect_token_limit(smollm):
     enc = encode_budget(load_corpus("humaneval"), smollm.tokenizer, True, 5000, max_len=200)
     batches = make_batches(enc, batch_tokens=1000)

@@ -483,6 +483,25 @@ def encode_budget(
     )
 
 
+def tokens_for_role_positions(corpus: Corpus, tokenizer: Any, use_chat_template: bool, positions: int,
+                              role: int = ROLE_ASSISTANT, max_len: int = 512) -> int:
+    """The ``max_tokens`` budget (corpus order, as :func:`encode_budget` takes it) whose tokens hold
+    ``positions`` statistics positions of ``role`` (position 0 never counts), or the whole corpus's
+    tokens when it holds fewer: a budget that gives a role-filtered analysis as many positions as an
+    unfiltered one of ``positions`` tokens."""
+    total = found = 0
+    for ex in corpus.examples:
+        enc = encode(ex, tokenizer, use_chat_template, max_len)
+        if len(enc) < 2:
+            continue
+        hits = np.flatnonzero(enc.roles[1:] == role) + 1  # token indices of the role's positions
+        if found + len(hits) >= positions:
+            return total + int(hits[positions - found - 1]) + 1
+        found += len(hits)
+        total += len(enc)
+    return total
+
+
 def make_batches(encoded: Sequence[Encoded], batch_tokens: int = 4096, window: int = 64) -> list[list[Encoded]]:
     """Group examples into batches of at most ``batch_tokens`` padded tokens. Within windows of
     ``window`` consecutive examples, sorting by length keeps padding low; the order is deterministic."""

@@ -77,7 +77,7 @@ def test_check_parameters_accepts_good_values():
 # ---------------------------------------------------------------------------------------------
 def test_notebook_selection_by_number_or_name():
     specs = discover_notebooks()
-    assert [s.number for s in specs][:7] == ["01", "02", "03", "04", "04b", "05", "06"]
+    assert [s.number for s in specs][:8] == ["01", "02", "03", "04", "04b", "04c", "05", "06"]
     assert [s.stem for s in select_notebooks(specs, "03,01")] == ["01_entropy_compartments", "03_aggregate_entropy"]
     assert [s.number for s in select_notebooks(specs, ["02_cka_dynamics"])] == ["02"]
     assert [s.number for s in select_notebooks(specs, "04b,06")] == ["04b", "06"]

@@ -64,3 +64,42 @@ def test_profile_stats_one_capture_equals_separate_analyses(smollm, monkeypatch)
     assert again["selection"].path is not None and "shared_capture" in again["selection"].meta
     with pytest.raises(ValueError, match="unknown analysis variant"):
         stats_variants.profile_stats(smollm, params, ["sweep:q0.9"])
+
+
+def test_served_variants_read_the_drafters_answers(smollm):
+    """The served-position variants: assistant tokens of the target's own training answers (the
+    smoke profile's, distilled here if missing), whole answers, as many positions as the
+    all-positions budget or every answer, the selection filter on the second."""
+    from wavesurf.data import load_corpus, tokens_for_role_positions
+
+    params = check_parameters("smollm2-135m", "sharegpt", None, "smoke", 0, "cpu")
+    got = stats_variants.served_variants(smollm, params, progress=False)
+    assert list(got) == list(stats_variants.SERVED_VARIANTS)
+    a, d = PROFILES["smoke"]["analysis"], PROFILES["smoke"]["drafter"]["distill"]
+    served, selection = got["served"], got["served:selection"]
+    assert served.dataset.startswith("sharegpt@smollm2-135m#") and served.split == "train"
+    assert served.roles == selection.roles == "assistant"
+    assert served.max_len == max(a["max_len"], d["max_len"]) and served.filter in (None, "none")
+    assert selection.filter == a["selection_filter"] and served.min_tokens == a["served_min_tokens"]
+    corpus = load_corpus(served.dataset, split="train")
+    assert served.max_tokens == tokens_for_role_positions(corpus, smollm.tokenizer, smollm.has_chat_template,
+                                                          a["max_tokens"], max_len=served.max_len)
+
+
+def test_selection_reads_the_variant_the_profile_names(monkeypatch):
+    from wavesurf.book.profiles import get_profile
+    from wavesurf.errors import ProfileError, WavesurfError
+
+    params = check_parameters("smollm2-135m", "sharegpt", None, "smoke", 0, "cpu")
+    assert stats_variants.selection_variant_names(params) == ("base", "selection")
+    spec = {**PROFILES["smoke"], "analysis": {**PROFILES["smoke"]["analysis"], "selection_positions": "served"}}
+    monkeypatch.setitem(PROFILES, "served-test", spec)
+    params = check_parameters("smollm2-135m", "sharegpt", None, "served-test", 0, "cpu")
+    assert stats_variants.selection_variant_names(params) == stats_variants.SERVED_VARIANTS
+    for key, bad, match in (("selection_positions", "answers", r"'answers' is not one of \('all', 'served'\)"),
+                            ("served_min_tokens", 1, "integer >= 2")):
+        monkeypatch.setitem(PROFILES, "bad-test", {**spec, "analysis": {**spec["analysis"], key: bad}})
+        with pytest.raises(ProfileError, match=match):
+            get_profile("bad-test")
+    with pytest.raises(WavesurfError, match="served:selection"):  # the error lists the served variants too
+        stats_variants.profile_stats(None, params, ["nonsense"])

@@ -48,3 +48,25 @@ def test_quantile_threshold_from_pilot():
     none = FilterState(TokenFilter.parse("none"))
     kept, control = none.masks(torch.ones(2, 3, dtype=torch.bool), torch.zeros(2, 3), 0)
     assert kept.all() and control is None and none.threshold == -math.inf
+
+
+def test_role_counts_of_candidates_and_kept_positions():
+    """The roles of kept positions (which roles a filter keeps) equal a brute-force count."""
+    from wavesurf.data import ROLE_NAMES
+    from wavesurf.stats.filtering import role_shares
+
+    gen = torch.Generator().manual_seed(0)
+    H = torch.rand(3, 50, generator=gen) * 4
+    cand = torch.rand(3, 50, generator=gen) > 0.2
+    roles = torch.randint(0, 4, (3, 50), generator=gen, dtype=torch.int8)
+    state = FilterState(TokenFilter.parse("2.0nats"))
+    kept, _ = state.masks(cand, H, 0, roles)
+    state.masks(cand, H, 1, roles)  # a second batch adds to the counts
+    summary = state.summary()
+    for which, mask in (("candidate_roles", cand), ("kept_roles", kept)):
+        want = {ROLE_NAMES[r]: 2 * int((mask & (roles == r)).sum()) for r in range(4)}
+        assert summary[which] == {k: v for k, v in want.items() if v}
+    assert sum(summary["kept_roles"].values()) == summary["kept_tokens"]
+    shares = role_shares(summary)
+    assert sum(shares.values()) == pytest.approx(1.0)
+    assert role_shares({"kept_tokens": 3}) is None  # a result cached before roles were counted

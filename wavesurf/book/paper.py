@@ -18,7 +18,7 @@ import numpy as np
 from ..cache import write_rows_csv
 from ..errors import WavesurfError
 from .notebook import NotebookParams
-from .variants import profile_stats
+from .variants import profile_stats, selection_variant_names
 
 if TYPE_CHECKING:
     from ..models import Target
@@ -101,13 +101,15 @@ def fmt_ids(ids: Iterable[int]) -> str:
 
 def profile_speed_table(target: Target, params: NotebookParams, k: int = 3, progress: bool = True) -> tuple[list, Any, Any]:
     """The speed-table experiment at the profile's drafter budgets: layer sets from the unfiltered
-    and the filtered statistics (``base`` and ``selection`` variants), then one drafter per set and
+    and the filtered statistics (``base`` and ``selection`` variants, or ``served`` and
+    ``served:selection`` when the profile selects on served positions), then one drafter per set and
     seed. Returns ``(sets, settings, table)``; every drafter and benchmark is cached."""
     from .speed_table import SpeedTableSettings, run_speed_table
     from .table_sets import layer_sets
 
     settings = SpeedTableSettings.from_profile(params.profile_spec.drafter)
-    stats = profile_stats(target, params, ["base", "selection"], progress=progress)
-    sets = layer_sets(stats["base"], stats["selection"], k=k, methods=settings.methods, n_random=settings.n_random,
+    unfiltered, filtered = selection_variant_names(params)
+    stats = profile_stats(target, params, [unfiltered, filtered], progress=progress)
+    sets = layer_sets(stats[unfiltered], stats[filtered], k=k, methods=settings.methods, n_random=settings.n_random,
                       seed=params.seed)
     return sets, settings, run_speed_table(target, sets, settings, progress=progress)

@@ -13,7 +13,13 @@ the filter sweep and the position-0 variant; only ``exact`` keeps the cross-laye
 the alpha=1 aggregate entropy and redundancy need) and the variants every statistics notebook reads:
 ``base`` (no filter), ``position0`` (no filter, position 0 kept), ``selection`` (the token-entropy
 filter selection uses) and one ``sweep`` variant per filter of ``sweep_filters``. All variants share
-one capture of the corpus (see :func:`wavesurf.book.variants.profile_stats`).
+one capture of the corpus (see :func:`wavesurf.book.variants.profile_stats`). Two more, ``served``
+and ``served:selection``, read the positions a drafter serves: the assistant tokens of the target's
+own answers that the profile's drafters train on. ``selection_positions`` names the statistics the
+layer sets are selected from: ``all`` (every position of the statistics corpus, the paper's
+setting) or ``served``; optional, ``all`` when left out. ``served_min_tokens`` (optional) is the
+fewest positions the served variants accept, None for the rule of every variant (hidden size + 1):
+only ``smoke`` lowers it, whose few answers exercise the pipeline and estimate nothing.
 """
 from __future__ import annotations
 
@@ -22,6 +28,12 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from ..errors import ProfileError
+
+#: where the statistics that select layer sets come from: every position of the statistics corpus,
+#: or the assistant tokens of the target's own answers (the positions a drafter serves)
+SELECTION_POSITIONS = ("all", "served")
+#: analysis keys a profile may leave out (their defaults in :class:`AnalysisBudget`)
+OPTIONAL_ANALYSIS = ("selection_positions", "served_min_tokens")
 
 PROFILES: dict[str, dict[str, Any]] = {
     "smoke": {
@@ -35,6 +47,9 @@ PROFILES: dict[str, dict[str, Any]] = {
             # 4 groups of conversations: enough for intervals on the unfiltered 1,500 tokens; the
             # q0.5 subsets are too small for them and exercise the "no intervals" path
             "resample_groups": 4,
+            # the ~430 assistant tokens of its 400 answer tokens, halved by q0.5, are fewer than the
+            # hidden size: the served variants run the pipeline, not an estimate
+            "served_min_tokens": 64,
         },
         "drafter": {
             # wavesurf.book.speed_table.SpeedTableSettings: tiny drafters, the pipeline only (tau ~1)
@@ -75,9 +90,11 @@ PROFILES: dict[str, dict[str, Any]] = {
             # head instead of ~37; with 256-token batches (the same one conversation per step) the head beats
             # the same head reading no layer (+0.034), which at 1,024 it did not.
             # Held-out: the first answer of each held-out conversation only (heldout_max_turns 1), so the
-            # 15k held-out answer tokens come from ~60-80 conversations (the unit every interval resamples)
-            # and every round of their generation is a full batch.
-            "distill": {"train_tokens": 24_000, "heldout_tokens": 15_000, "heldout_max_turns": 1,
+            # held-out answers come from ~100 conversations (the unit every interval resamples) and every
+            # round of their generation is a full batch. 18k generated tokens give ~15.6k scored ones
+            # (15k gave 13,037 in the fresh run of 9d8fb32; 18k gave 15,674 in the long run), over the
+            # 15k issue 31 asks for.
+            "distill": {"train_tokens": 24_000, "heldout_tokens": 18_000, "heldout_max_turns": 1,
                         "max_new_tokens": 256, "max_len": 512, "chunk_examples": 16},
             "features": {"max_len": 512, "batch_tokens": 4096},
             "train": {"train_tokens": 36_000, "ttt_steps": 3, "draft_vocab_size": 4096, "batch_tokens": 128,
@@ -183,6 +200,17 @@ class AnalysisBudget:
     sweep_estimator: str
     minibatch_size: int
     resample_groups: int
+    selection_positions: str = "all"
+    served_min_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.selection_positions not in SELECTION_POSITIONS:
+            raise ProfileError(f"analysis selection_positions={self.selection_positions!r} is not one of "
+                               f"{SELECTION_POSITIONS}")
+        if self.served_min_tokens is not None and not (isinstance(self.served_min_tokens, int)
+                                                       and self.served_min_tokens >= 2):
+            raise ProfileError(f"analysis served_min_tokens={self.served_min_tokens!r} must be an integer >= 2 "
+                               "or None (the hidden size + 1)")
 
 
 @dataclass(frozen=True)
@@ -205,7 +233,7 @@ class Profile:
             raise ProfileError(f"profile {name!r}: keys {unknown or ['analysis (missing)']} are not allowed; "
                                f"a profile has {sorted(known)}")
         names = {f.name for f in fields(AnalysisBudget)}
-        given = set(spec["analysis"])
+        given = set(spec["analysis"]) | set(OPTIONAL_ANALYSIS)
         if given != names:
             raise ProfileError(f"profile {name!r}: analysis keys missing {sorted(names - given)}, "
                                f"unknown {sorted(given - names)}")

@@ -342,21 +342,28 @@ def _train_and_score(target: Target, train_store: Any, held_store: Any, ids: lis
     return result, head, scores[0], info, scores[1] if len(scores) > 1 else None
 
 
+def distilled_corpus(target: Target, settings: SpeedTableSettings, split: str, progress: bool = True) -> Any:
+    """The target's own greedy answers to the ShareGPT ``split`` ("train" or "heldout") prompts at
+    the settings' budget (:func:`wavesurf.distill.distill_corpus`; cached, so a second call reads them)."""
+    from ..distill import distill_corpus
+
+    d = settings.distill
+    budget, turns = (d.train_tokens, None) if split == "train" else (d.heldout_tokens, d.heldout_max_turns)
+    return distill_corpus(target, "sharegpt", split=split, max_tokens=budget, max_len=d.max_len,
+                          max_new_tokens=d.max_new_tokens, chunk_examples=d.chunk_examples,
+                          batch_size=d.batch_size, progress=progress, max_turns=turns)
+
+
 def distilled_stores(target: Target, settings: SpeedTableSettings, layer_ids: Sequence[int], progress: bool = True):
     """The target's own answers to the ShareGPT training and held-out prompts, and a feature store
     of each at ``layer_ids`` (plus layer N). Returns ``(train_store, heldout_store, train_corpus_name)``."""
-    from ..distill import distill_corpus
     from ..drafter.features import build_feature_store
     from ..progress import phase
 
-    d = settings.distill
     stores, names = [], []
-    for i, (split, budget, turns) in enumerate((("train", d.train_tokens, None),
-                                                 ("heldout", d.heldout_tokens, d.heldout_max_turns))):
+    for i, split in enumerate(("train", "heldout")):
         phase("the target's answers and feature stores (train, held-out)", i + 1, 2)
-        corpus = distill_corpus(target, "sharegpt", split=split, max_tokens=budget, max_len=d.max_len,
-                                max_new_tokens=d.max_new_tokens, chunk_examples=d.chunk_examples,
-                                batch_size=d.batch_size, progress=progress, max_turns=turns)
+        corpus = distilled_corpus(target, settings, split, progress)
         names.append(f"{corpus.name}#{corpus.info['key']}")  # this very entry, whatever its settings
         stores.append(build_feature_store(
             target, replace(settings.features, dataset=names[-1], split=split, max_tokens=None,

@@ -1,7 +1,8 @@
 """The analysis variants a profile asks for (``base``, ``position0``, ``selection``, the filter
-sweep), computed from one capture where they share it and cached exactly as
-:func:`wavesurf.stats.analysis.analyze` caches them; the lookup of every model's cached result for
-given settings; the random-control view of a filtered result."""
+sweep, and the served-position variants ``served`` and ``served:selection``), computed from one
+capture where they share it and cached exactly as :func:`wavesurf.stats.analysis.analyze` caches
+them; the lookup of every model's cached result for given settings; the random-control view of a
+filtered result."""
 from __future__ import annotations
 
 import json
@@ -43,13 +44,52 @@ def analysis_variants(params: Any) -> dict[str, Any]:
     return variants
 
 
+#: the variants on the positions a drafter serves: every assistant token of the target's own answers
+#: (template and special tokens excluded), unfiltered and with the profile's selection filter
+SERVED_VARIANTS = ("served", "served:selection")
+
+
+def served_variants(target: Target, params: Any, progress: bool = True) -> dict[str, Any]:
+    """AnalysisSettings of :data:`SERVED_VARIANTS`: the statistics of the positions a drafter serves,
+    on the target's own answers to the ShareGPT training prompts that the profile's drafters train
+    on (generated here when missing: that is notebook 04b's first and longest step), assistant
+    tokens only, as many positions as the all-positions variants have (the profile's analysis token
+    budget), or every answer when the corpus holds fewer."""
+    from ..data import tokens_for_role_positions
+    from ..stats.analysis import AnalysisSettings
+    from .speed_table import SpeedTableSettings, distilled_corpus
+
+    a = params.profile_spec.analysis
+    drafter = SpeedTableSettings.from_profile(params.profile_spec.drafter)
+    corpus = distilled_corpus(target, drafter, "train", progress)
+    max_len = max(a.max_len, drafter.distill.max_len)  # whole answers, as the drafters read them
+    budget = tokens_for_role_positions(corpus, target.tokenizer, target.has_chat_template,
+                                       params.max_tokens or a.max_tokens, max_len=max_len)
+    common = dict(dataset=f"{corpus.name}#{corpus.info['key']}", split="train", roles="assistant",
+                  max_tokens=budget, max_len=max_len, min_tokens=a.served_min_tokens,
+                  batch_tokens=a.batch_tokens, pilot_tokens=a.pilot_tokens, seed=params.seed,
+                  resample_groups=a.resample_groups)
+    served = AnalysisSettings(**common, estimator=a.estimator)
+    return {"served": served,
+            "served:selection": replace(served, filter=a.selection_filter, estimator=a.selection_estimator,
+                                        minibatch_size=a.minibatch_size)}
+
+
+def selection_variant_names(params: Any) -> tuple[str, str]:
+    """The (unfiltered, filtered) variants layer sets are selected from, as the profile's
+    ``analysis.selection_positions`` names them."""
+    served = params.profile_spec.analysis.selection_positions == "served"
+    return SERVED_VARIANTS if served else ("base", "selection")
+
+
 def sweep_variant_names(params: Any) -> list[str]:
     return ["base"] + [f"sweep:{f}" for f in params.profile_spec.analysis.sweep_filters]
 
 
 def profile_stats(target: Target, params: Any, names: Sequence[str] | None = None,
                   progress: bool = True) -> dict[str, Any]:
-    """LayerStats of the profile's variants (all by default), from the results cache where present.
+    """LayerStats of the profile's variants (all but the served ones by default), from the results
+    cache where present.
 
     Missing variants that share capture settings are computed from **one** forward pass over the
     corpus (batches kept in memory when they fit :data:`SHARED_CAPTURE_MAX_BYTES`, else one pass
@@ -61,9 +101,12 @@ def profile_stats(target: Target, params: Any, names: Sequence[str] | None = Non
 
     variants = analysis_variants(params)
     names = list(variants) if names is None else list(names)
-    unknown = [n for n in names if n not in variants]
-    if unknown:
-        raise ParameterError(f"unknown analysis variant(s) {unknown}; available: {', '.join(variants)}")
+    unknown = [n for n in names if n not in variants and n not in SERVED_VARIANTS]
+    if unknown:  # before any work (the served variants may have answers to generate)
+        raise ParameterError(f"unknown analysis variant(s) {unknown}; available: "
+                             f"{', '.join([*variants, *SERVED_VARIANTS])}")
+    if any(n in SERVED_VARIANTS for n in names):
+        variants.update(served_variants(target, params, progress))
     out: dict[str, Any] = {}
     missing: dict[str, Any] = {}
     for name in names:

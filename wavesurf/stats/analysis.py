@@ -325,7 +325,7 @@ def analyze_batches(
     def consume(batch):
         if not shard.owns(batch.index):
             return
-        kept, control = fstate.masks(candidates(batch), batch.token_entropy, batch.index)
+        kept, control = fstate.masks(candidates(batch), batch.token_entropy, batch.index, batch.roles)
         groups = assigner.row_groups(batch.example_ids, tuple(kept.shape)) if assigner else None
         subsets[0].update(batch.hidden, kept, groups)
         if control is not None:
@@ -354,7 +354,10 @@ def analyze_batches(
     for sub in subsets:
         sub.finish()
     if shard.active:
-        fstate.candidates, fstate.kept = all_reduce_ints(fstate.candidates, fstate.kept)
+        n_roles = len(fstate.candidate_roles)
+        summed = all_reduce_ints(fstate.candidates, fstate.kept, *fstate.candidate_roles, *fstate.kept_roles)
+        fstate.candidates, fstate.kept = summed[:2]
+        fstate.candidate_roles, fstate.kept_roles = summed[2:2 + n_roles], summed[2 + n_roles:]
     kept = subsets[0].moments.n
     if kept < min_tokens:
         raise FilterError(

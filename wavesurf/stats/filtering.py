@@ -14,10 +14,10 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from ..data import ROLE_NAMES
 from ..errors import FilterError
 
 FILTER_HELP = "'none', 'q0.5' (keep H >= the 50% quantile), or '1.5nats' (keep H >= 1.5 nats)"
-
 
 
 @dataclass(frozen=True)
@@ -67,6 +67,10 @@ class FilterState:
         self.threshold: float | None = spec.value if spec.kind == "nats" else (None if spec.active else -math.inf)
         self.candidates = 0
         self.kept = 0
+        # positions by role (wavesurf.data.ROLE_*): which roles a filter keeps, e.g. how much of the
+        # high-entropy half of a chat corpus is user text rather than the answers a drafter serves
+        self.candidate_roles = [0] * len(ROLE_NAMES)
+        self.kept_roles = [0] * len(ROLE_NAMES)
 
     def set_threshold_from(self, entropies: Any) -> None:
         """Fix a quantile threshold from pilot entropies (1-D tensor of statistics positions)."""
@@ -78,8 +82,10 @@ class FilterState:
             raise FilterError("the pilot of the token-entropy filter saw no statistics positions")
         self.threshold = float(torch.quantile(entropies.double().cpu(), self.spec.value))
 
-    def masks(self, candidate_mask: Any, token_entropy: Any, batch_index: int) -> tuple[Any, Any | None]:
-        """(kept, random control of the same size) among ``candidate_mask`` positions."""
+    def masks(self, candidate_mask: Any, token_entropy: Any, batch_index: int,
+              roles: Any = None) -> tuple[Any, Any | None]:
+        """(kept, random control of the same size) among ``candidate_mask`` positions; ``roles``
+        (int [B, T], ``wavesurf.data.ROLE_*``) adds the positions' roles to the counts."""
         import torch
 
         if self.threshold is None:
@@ -87,6 +93,11 @@ class FilterState:
         kept = candidate_mask & (token_entropy >= self.threshold) if self.spec.active else candidate_mask
         self.candidates += int(candidate_mask.sum())
         self.kept += int(kept.sum())
+        if roles is not None:
+            for counts, mask in ((self.candidate_roles, candidate_mask), (self.kept_roles, kept)):
+                found = torch.bincount(roles[mask].long().cpu(), minlength=len(counts)).tolist()
+                for r, n in enumerate(found[: len(counts)]):
+                    counts[r] += int(n)
         if not self.spec.active:
             return kept, None
         flat = candidate_mask.reshape(-1).nonzero().squeeze(1)
@@ -104,4 +115,21 @@ class FilterState:
             "candidate_tokens": self.candidates,
             "kept_tokens": self.kept,
             "kept_fraction": round(self.kept / self.candidates, 6) if self.candidates else None,
+            "candidate_roles": role_counts(self.candidate_roles),
+            "kept_roles": role_counts(self.kept_roles),
         }
+
+
+def role_counts(counts: list[int]) -> dict[str, int]:
+    """Counts by ``ROLE_*`` index as ``{role name: count}``, roles never seen left out."""
+    return {ROLE_NAMES[r]: int(n) for r, n in enumerate(counts) if n}
+
+
+def role_shares(summary: dict[str, Any], which: str = "kept") -> dict[str, float] | None:
+    """Share of each role among the ``kept`` (or ``candidate``) positions of a filter summary
+    (:meth:`FilterState.summary`); None for a result cached before roles were counted."""
+    counts = summary.get(f"{which}_roles")
+    if not counts:
+        return None
+    total = sum(counts.values())
+    return {role: n / total for role, n in counts.items()}
