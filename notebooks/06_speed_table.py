@@ -287,12 +287,14 @@ glue("limitations", " ".join([
 import numpy as np
 
 from wavesurf.criteria import criteria_sentence, criteria_vs_tau, set_criteria
-from wavesurf.stats.layer_sets import all_subsets
 
 selection_variant = variants.selection_variant_names(P)[1]  # the profile's analysis.selection_positions
 stats = variants.profile_stats(target, P, [selection_variant], progress=False)[selection_variant]
 trained = [s for s in sets if s.name in table.runs]
-criteria = [set_criteria(stats, s.layer_ids) for s in trained]
+# the predictive probe of every k-set (sampled past 10,000) on the statistics corpus, the trained sets included
+k = len(target.default_layer_ids())  # the default set's size; sets of other sizes (last-1) get no probe score
+probe = paper.profile_probe(target, P, [s.layer_ids for s in trained if len(s.layer_ids) == k], k=k, progress=False)
+criteria = [set_criteria(stats, s.layer_ids, probe=probe) for s in trained]
 criteria_rows = criteria_vs_tau(criteria, [table.runs[s.name] for s in trained], table.info["draft_len"],
                                 level=table.info["level"], n_boot=settings.acceptance.n_boot, seed=seed)
 paper.write_csv(criteria_rows, "tables/06_criteria.csv")
@@ -304,13 +306,14 @@ glue("criteria_caveat", f"A correlation over {len(trained)} layer sets is rough 
      + ("; the heads clear both floors here (above), so the τ it ranks carries what the layers add."
         if table.info["can_rank"]["ok"] else
         ", and the heads do not clear both floors here (above), so the τ it ranks is mostly noise."), display=False)
-k = len(trained[0].layer_ids)
-every = all_subsets(range(1, target.n_layers + 1), k)
 fig, ax = plt.subplots(figsize=(6.2, 4.2))
 plots.plot_set_landscape(
-    np.column_stack([stats.redundancy2(every), stats.aggregate_entropy2(every)]),
-    [(s.name, c["redundancy2"], c["aggregate_entropy2"], float(table.row(s.name)["tau"])) for s, c in zip(trained, criteria)],
-    ax=ax)
+    np.column_stack([probe.r2, stats.aggregate_entropy2(probe.layer_sets)]),
+    [(s.name, c["probe_r2"], c["aggregate_entropy2"], float(table.row(s.name)["tau"]))
+     for s, c in zip(trained, criteria) if np.isfinite(c["probe_r2"])],
+    ax=ax, xlabel="probe: held-out R² of the set (features → next state)", every_label=f"{probe.over} k-subsets")
+glue("n_probed", f"{len(probe.layer_sets):,}", display=False)
+glue("probe_over", "every" if probe.over == "all" else "a seeded sample of the", display=False)
 fig.tight_layout()
 plots.save_figure(fig, "figures/06_criteria.png")
 glue("fig_criteria", fig, display=False)
@@ -319,14 +322,16 @@ plt.close(fig)
 # %% [markdown]
 # **Which criterion predicts a good drafter?** The paper's recipe is useful only if a statistic of
 # the hidden states ranks layer sets the way trained drafters rank them. Each criterion (mean
-# matrix entropy, aggregate entropy, redundancy, mean pairwise CKA; on the statistics selection
-# reads) is evaluated on every layer set this table trained and correlated with those sets' τ
+# matrix entropy, aggregate entropy, redundancy, mean pairwise CKA on the statistics selection
+# reads; the predictive probe's held-out R², a ridge regression from the set's streams at t and the
+# embedding of the next token to the target's last state at t+1, {ref}`methods-selection`) is
+# evaluated on every layer set this table trained and correlated with those sets' τ
 # ({download}`tables/06_criteria.csv`, per set {download}`tables/06_criteria_by_set.csv`).
 # {glue:text}`criteria_sentence` {glue:text}`criteria_caveat`
 #
 # ```{glue:figure} fig_criteria
-# Every layer set of this size placed by its redundancy (x) and aggregate entropy (y, both α = 2,
-# nats); the trained sets on top, coloured by their heads' offline τ. **What to see:** whether the
-# sets with the highest τ sit where the criteria would look (high aggregate entropy, low
-# redundancy), or anywhere.
+# {glue:text}`probe_over` {glue:text}`n_probed` layer sets of this size placed by the probe's
+# held-out R² (x) and aggregate entropy (y, α = 2, nats); the trained sets on top, coloured by
+# their heads' offline τ. **What to see:** whether the sets with the highest τ sit where either
+# criterion would look (right, or high), or anywhere.
 # ```

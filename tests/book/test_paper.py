@@ -11,3 +11,22 @@ from wavesurf.book import paper
 def test_rank_and_ids():
     assert paper.rank_of(np.array([3.0, 2.0, 1.0]), 2.0) == (2, 1 / 3)
     assert paper.fmt_ids(np.array([2, 15, 27])) == "[2, 15, 27]"
+
+
+def test_profile_probe_follows_the_profile_and_scores_the_trained_sets(smollm):
+    """The probe notebook 06 correlates with the heads: the profile's corpus and budget, every
+    3-set of SmolLM2's 31 ids (4,495, under the 10,000 that are probed whole), the trained sets
+    among them with their top-1 agreement."""
+    import math
+
+    from wavesurf.book.notebook import check_parameters
+    from wavesurf.book.profiles import PROFILES
+
+    params = check_parameters("smollm2-135m", "sharegpt", None, "smoke", 0, "cpu")
+    trained = [[2, 15, 27], [1, 9, 29]]
+    probe = paper.profile_probe(smollm, params, trained, progress=False)
+    a = PROFILES["smoke"]["analysis"]
+    assert probe.meta["settings"]["max_tokens"] == a["max_tokens"] and probe.meta["settings"]["split"] == "stats"
+    assert probe.over == "all" and len(probe.layer_sets) == math.comb(smollm.n_layers + 1, 3)
+    for ids in trained:
+        assert np.isfinite(probe.score(ids)) and 0.0 <= probe.top1[tuple(ids)] <= 1.0

@@ -93,6 +93,23 @@ def interval_note(stats: Any) -> str:
     return f"This run has no intervals ({note})."
 
 
+def profile_probe(target: Target, params: NotebookParams, include: Iterable[Sequence[int]], k: int = 3,
+                  progress: bool = True) -> Any:
+    """The predictive probe (:func:`wavesurf.stats.probe.probe_layer_sets`) of every k-set of the
+    target's ids (a seeded sample past 10,000 sets) plus ``include``, with top-1 agreement for the
+    ``include`` sets, on the profile's statistics corpus and token budget (cached)."""
+    from ..stats.probe import ProbeSettings, probe_layer_sets
+
+    a = params.profile_spec.analysis
+    max_tokens = params.max_tokens or a.max_tokens
+    settings = ProbeSettings(dataset=params.dataset, split="stats" if params.dataset == "sharegpt" else None,
+                             split_seed=0, max_tokens=max_tokens, max_len=a.max_len, batch_tokens=a.batch_tokens,
+                             pilot_tokens=min(ProbeSettings.pilot_tokens, max_tokens // 2))
+    sets = [list(s) for s in include]
+    return probe_layer_sets(target, k=k, settings=settings, include=sets, top1_sets=sets, seed=params.seed,
+                            progress=progress)
+
+
 # ---------------------------------------------------------------------------------------------
 def fmt_ids(ids: Iterable[int]) -> str:
     """``[2, 15, 27]`` as prose text."""

@@ -317,7 +317,7 @@ def plot_tau_curve(curve: Sequence[dict[str, Any]], ax: Any = None) -> Any:
 
 def plot_set_landscape(every: Any, trained: Sequence[tuple[str, float, float, float]], ax: Any = None,
                        xlabel: str = "redundancy S2 of the set (nats)",
-                       ylabel: str = "aggregate entropy S2 of the set (nats)") -> Any:
+                       ylabel: str = "aggregate entropy S2 of the set (nats)", every_label: str = "every k-subset") -> Any:
     """Every k-subset of layers as a grey point (``every``: [m, 2] of x, y) and the trained sets on
     top (``trained``: name, x, y, tau), coloured by their heads' tau: whether the criteria place
     the sets drafters rank high where a selection would look."""
@@ -328,7 +328,7 @@ def plot_set_landscape(every: Any, trained: Sequence[tuple[str, float, float, fl
     if ax is None:
         _, ax = plt.subplots(figsize=(5.6, 4.0))
     every = np.asarray(every, dtype=np.float64)
-    ax.scatter(every[:, 0], every[:, 1], s=3, color="0.8", label="every k-subset", rasterized=True)
+    ax.scatter(every[:, 0], every[:, 1], s=3, color="0.8", label=every_label, rasterized=True)
     if trained:
         xs, ys, taus = (np.array([t[i] for t in trained], dtype=np.float64) for i in (1, 2, 3))
         points = ax.scatter(xs, ys, c=taus, cmap="viridis", s=36, edgecolor="black", linewidth=0.5, zorder=3)

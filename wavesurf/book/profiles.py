@@ -113,12 +113,13 @@ PROFILES: dict[str, dict[str, Any]] = {
             "curve_fractions": [0.25, 0.5],
         },
         # minutes per notebook of an empty-cache run on the 2-core reference machine (Intel Xeon host,
-        # fresh clone of 6a0ee2a, 2026-12-06, 46 min 47 s in all with setup: benchmarks/results/
-        # fresh_clone-20261206T064320.json); only the progress line's ETA reads them
+        # fresh clone of f187b1d, 2026-12-06, 52 min 16 s in all with setup: benchmarks/results/
+        # fresh_clone-20261206T115617.json); 06 plus the probe of every 3-set measured alone on that
+        # run's cache (0.8 min: 41 s of moments, 7 s scoring 4,495 sets); only the progress line's ETA reads them
         "reference_minutes": {"smollm2-135m": {
-            "01_entropy_compartments": 4.88, "02_cka_dynamics": 0.09, "03_aggregate_entropy": 0.16,
-            "04_token_filtering": 0.12, "04b_filtering_drafters": 38.5, "05_layer_selection": 0.33,
-            "06_speed_table": 1.49, "07_cross_model": 0.14}},
+            "01_entropy_compartments": 4.0, "02_cka_dynamics": 0.09, "03_aggregate_entropy": 0.14,
+            "04_token_filtering": 0.11, "04b_filtering_drafters": 40.63, "04c_served_positions": 5.07,
+            "05_layer_selection": 0.29, "06_speed_table": 2.44, "07_cross_model": 0.13}},
     },
     "long": {
         # The default recipe (128-token bfloat16 batches, lr 1e-3) at 4.4x the tokens per head, from
