@@ -74,7 +74,8 @@ paper.write_csv(role_rows, "tables/04c_role_mix.csv")
 # %% tags=["remove-input"]
 from IPython.display import HTML
 
-HTML(tables.html_table(role_rows, headers={"kept_tokens": "kept positions", **{f"{r}_share": r for r in ROLES}},
+HTML(tables.html_table([{k: "–" if v is None else v for k, v in r.items()} for r in role_rows],  # – : not counted
+                       headers={"kept_tokens": "kept positions", **{f"{r}_share": f"{r} share" for r in ROLES}},
                        floatfmt=".3f"))
 
 # %% tags=["hide-input"]
@@ -122,9 +123,9 @@ for label, stats in (("all positions", text["selection"]), ("served positions", 
 paper.write_csv(criteria_rows, "tables/04c_served_criteria.csv")
 
 # %% tags=["remove-input"]
-HTML(tables.html_table(criteria_rows, ["statistics", "criterion", "sets", "rho", "rho_lo", "rho_hi", "agrees"],
-                       headers={ "rho": "ρ (Spearman)", "rho_lo": "ρ low", "rho_hi": "ρ high"},
-                       intervals={"rho": ("rho_lo", "rho_hi")}, floatfmt="+.2f"))
+HTML(tables.html_table([r for r in criteria_rows if np.isfinite(r["rho"])],  # criteria with a correlation
+                       ["statistics", "criterion", "sets", "rho", "agrees"],
+                       headers={"rho": "ρ (Spearman, 95% CI)"}, intervals={"rho": ("rho_lo", "rho_hi")}, floatfmt="+.2f"))
 
 # %% tags=["remove-input"]
 base_mix = role_shares(text["base"].meta["filter"], "kept")
