@@ -150,11 +150,13 @@ PROFILES: dict[str, dict[str, Any]] = {
             "methods": ["entropy", "aggregate", "cka", "combined"], "n_random": 8, "primary": "combined",
             "curve_fractions": [0.25],
         },
-        # minutes per notebook of that run (only the progress line's ETA reads them)
+        # minutes per notebook of that run (only the progress line's ETA reads them); 04c and the probe
+        # in 06 came after it and are the default run's (the same analysis budget): with them the long
+        # profile is ~2 h 08 min, unmeasured
         "reference_minutes": {"smollm2-135m": {
             "01_entropy_compartments": 5.1, "02_cka_dynamics": 0.1, "03_aggregate_entropy": 0.17,
-            "04_token_filtering": 0.13, "04b_filtering_drafters": 113.05, "05_layer_selection": 0.28,
-            "06_speed_table": 1.8, "07_cross_model": 0.15}},
+            "04_token_filtering": 0.13, "04b_filtering_drafters": 113.05, "04c_served_positions": 5.07,
+            "05_layer_selection": 0.28, "06_speed_table": 2.6, "07_cross_model": 0.15}},
     },
     "paper": {
         "description": "the sizes a GPU user would pick (more tokens, finer filter sweep)",

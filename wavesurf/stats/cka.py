@@ -21,7 +21,8 @@ import numpy as np
 import torch
 
 from wavesurf.errors import StatsError
-from wavesurf.stats.moments import LayerMoments, States, all_finite, config_differences, gather_layer_rows, masked_group_ids
+from wavesurf.stats.moments import (Counted, LayerMoments, States, all_finite, config_differences, gather_layer_rows,
+                                    masked_group_ids, state_config)
 
 DEFAULT_MEMORY_BUDGET = 8 * 2**30  # bytes
 _MB_FORMAT = "wavesurf.stats.MinibatchCKA/1"
@@ -176,7 +177,7 @@ def grouped_unbiased_hsic(xs: list[torch.Tensor], groups: torch.Tensor, n_groups
     return 0.5 * (H + H.T), 0.5 * (H_wo + H_wo.transpose(1, 2))
 
 
-class MinibatchCKA:
+class MinibatchCKA(Counted):
     """Unbiased minibatch linear CKA of all layer pairs (Nguyen, Raghu & Kornblith 2021).
 
     Per minibatch of n >= 4 tokens: each layer's linear Gram ``K = X X^T`` is U-centred (Székely–Rizzo:
@@ -220,16 +221,6 @@ class MinibatchCKA:
         self._hsic_without = torch.zeros(self.n_groups, L, L, dtype=torch.float64, device=self.device)
         self._batches = 0
         self._n = 0
-
-    @property
-    def n(self) -> int:
-        """Tokens seen over all minibatches."""
-        return self._n
-
-    @property
-    def n_batches(self) -> int:
-        """Minibatches accumulated."""
-        return self._batches
 
     def config(self) -> dict[str, Any]:
         return {"layer_ids": list(self.layer_ids), "meta": self.meta, "n_groups": self.n_groups}
@@ -370,13 +361,7 @@ class MinibatchCKA:
 
     @classmethod
     def from_state_dict(cls, sd: Mapping[str, Any], device: str | torch.device = "cpu") -> "MinibatchCKA":
-        try:
-            fmt = str(np.asarray(sd["format"]))
-            cfg = json.loads(str(np.asarray(sd["config"])))
-        except KeyError as exc:
-            raise StatsError(f"not a MinibatchCKA state dict: missing key {exc}") from None
-        if fmt != _MB_FORMAT:
-            raise StatsError(f"not a MinibatchCKA state dict: format {fmt!r}, expected {_MB_FORMAT!r}")
+        cfg = state_config(sd, "MinibatchCKA", _MB_FORMAT)
         obj = cls(cfg["layer_ids"], meta=cfg["meta"], device=device, n_groups=cfg.get("n_groups", 0))
         if obj.n_groups:
             obj._hsic_without.copy_(torch.as_tensor(np.asarray(sd["hsic_without_sum"], dtype=np.float64)))

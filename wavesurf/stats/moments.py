@@ -148,7 +148,38 @@ def config_differences(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
     return diffs
 
 
-class LayerMoments:
+def state_config(sd: Mapping[str, Any], kind: str, expected_format: str) -> dict[str, Any]:
+    """The ``config`` of an accumulator's state dict (or loaded npz), after checking that it is a
+    ``kind`` state of ``expected_format``; a :class:`StatsError` naming what is wrong otherwise."""
+    try:
+        fmt = str(np.asarray(sd["format"]))
+        cfg = json.loads(str(np.asarray(sd["config"])))
+    except KeyError as exc:
+        raise StatsError(f"not a {kind} state dict: missing key {exc}") from None
+    if fmt != expected_format:
+        raise StatsError(f"not a {kind} state dict: format {fmt!r}, expected {expected_format!r}")
+    return cfg
+
+
+class Counted:
+    """What every streaming accumulator reports: token rows (``_n``) and ``update`` calls
+    (``_batches``; merged accumulators add theirs) so far."""
+
+    _n: int
+    _batches: int
+
+    @property
+    def n(self) -> int:
+        """Number of token rows accumulated."""
+        return self._n
+
+    @property
+    def n_batches(self) -> int:
+        """Number of ``update`` calls so far (merged accumulators add theirs)."""
+        return self._batches
+
+
+class LayerMoments(Counted):
     """Float64 streaming means and (cross-)covariances of token vectors for a fixed set of layers.
 
     ``pairs=True`` keeps the second-moment matrix of the concatenation of all layers, ``(L*d)^2``
@@ -210,16 +241,6 @@ class LayerMoments:
         self._panels = [(bounds[k] * d, bounds[k + 1] * d) for k in range(panels)]
 
     # ------------------------------------------------------------------ properties
-    @property
-    def n(self) -> int:
-        """Number of token rows accumulated."""
-        return self._n
-
-    @property
-    def n_batches(self) -> int:
-        """Number of ``update`` calls so far (merged accumulators add theirs)."""
-        return self._batches
-
     def config(self) -> dict[str, Any]:
         """The settings two accumulators must share to be merged."""
         return {
@@ -460,13 +481,7 @@ class LayerMoments:
     @classmethod
     def from_state_dict(cls, sd: Mapping[str, Any], device: str | torch.device = "cpu") -> "LayerMoments":
         """Rebuild an accumulator from ``state_dict()`` output (or a loaded npz)."""
-        try:
-            fmt = str(np.asarray(sd["format"]))
-            cfg = json.loads(str(np.asarray(sd["config"])))
-        except KeyError as exc:
-            raise StatsError(f"not a LayerMoments state dict: missing key {exc}") from None
-        if fmt != _FORMAT:
-            raise StatsError(f"not a LayerMoments state dict: format {fmt!r}, expected {_FORMAT!r}")
+        cfg = state_config(sd, "LayerMoments", _FORMAT)
         obj = cls(cfg["layer_ids"], cfg["dim"], pairs=cfg["pairs"], l2_normalize=cfg["l2_normalize"],
                   meta=cfg["meta"], device=device)
         outer = torch.as_tensor(np.asarray(sd["outer"], dtype=np.float64))
