@@ -247,3 +247,13 @@ def test_a_settings_field_without_help_or_command_line_form_is_refused():
     with pytest.raises(TypeError, match="no command-line form"):
         SettingsOptions(Obj).add_to(argparse.ArgumentParser())
     SettingsOptions(Obj, exclude={"shape": "Python only"}).add_to(argparse.ArgumentParser())
+
+
+def test_cli_served_positions_need_the_targets_answers(smollm, tmp_cache, capsys):
+    """Statistics on served positions (the target's own answers, assistant tokens) without those
+    answers: the error names the `wavesurf distill` command that makes them, before any model work."""
+    argv = ["analyze", "--model", "smollm2-135m", "--dataset", "sharegpt@smollm2-135m", "--split", "train",
+            "--roles", "assistant", "--max-tokens", "2000"]
+    assert main(argv) != 0
+    err = capsys.readouterr().err
+    assert "wavesurf distill --model smollm2-135m --dataset sharegpt --split train" in err
