@@ -80,15 +80,21 @@ PROFILES: dict[str, dict[str, Any]] = {
         "drafter": {
             # wavesurf.book.speed_table.SpeedTableSettings. The target's own greedy answers (distilled once,
             # ~33 tok/s batched on 2 cores) train every head; every set x seed gets the same budget
-            # (~1 pass over the 34k-token store, ~35 s per head at ~1,060 tok/s with 3 unrolled steps).
-            # Options from benchmarks/drafter_sweep.py (results in benchmarks/results/drafter_sweep-*.json; the sweep tables before them are in the README of commit 111d6ab): at this
+            # (~1 pass over the 34k-token store, ~17 s per head at ~2,100 tok/s with 3 unrolled steps,
+            # bfloat16, in the fresh run of f187b1d).
+            # Options from benchmarks/drafter_sweep.py (results in benchmarks/results/drafter_sweep-*.json;
+            # the sweep tables before them are in the README of commit 111d6ab): at this
             # budget lr 1e-3 beat 3e-4, 3 unrolled steps matched 4 at 1.5x the speed, a 4,096-id
             # vocabulary matched larger ones, init_lm_head=target was worse; 128-token batches in
             # bfloat16 gave +0.046 tau (+0.023 to +0.072) over 1,024-token float32 batches in the same
             # training time on the Intel Xeon host (benchmarks/results/drafter_sweep-20261206T031748.json):
             # a batch below one conversation's length holds one conversation, so ~86 optimizer steps per
             # head instead of ~37; with 256-token batches (the same one conversation per step) the head beats
-            # the same head reading no layer (+0.034), which at 1,024 it did not.
+            # the same head reading no layer (+0.034), which at 1,024 it did not. Issue 30's fusion options at
+            # 72k tokens (2 seeds, drafter_sweep-20261206T120510/T120946.json, same training time):
+            # init_fc=inverse_rms +0.012 (+0.004 to +0.019) and +0.006 (-0.001 to +0.013) tau,
+            # fc_precision=float32 +0.003 and +0.002, input_norm=rms -0.022 and -0.021 (worse); not yet
+            # adopted here, since the pages of this profile were measured without them.
             # Held-out: the first answer of each held-out conversation only (heldout_max_turns 1), so the
             # held-out answers come from ~100 conversations (the unit every interval resamples) and every
             # round of their generation is a full batch. 18k generated tokens give ~15.6k scored ones
