@@ -39,7 +39,7 @@ from myst_nb import glue
 
 from wavesurf.book import paper, plots, tables, variants
 from wavesurf.book.notebook import open_notebook
-from wavesurf.criteria import criteria_sentence, criteria_vs_tau, set_criteria
+from wavesurf.criteria import criteria_sentence
 from wavesurf.select import selection_rows
 from wavesurf.stats.filtering import role_shares
 
@@ -114,11 +114,9 @@ HTML(tables.html_table(selection_table, headers={"all_positions": "ids, all posi
 # every criterion on both kinds of statistics against the heads the drafter pages trained (cached)
 sets, settings, table = paper.profile_speed_table(target, P, progress=False)
 trained = [s for s in sets if s.name in table.runs]
-runs = [table.runs[s.name] for s in trained]
 criteria_rows = []
 for label, stats in (("all positions", text["selection"]), ("served positions", served["served:selection"])):
-    rows = criteria_vs_tau([set_criteria(stats, s.layer_ids) for s in trained], runs, table.info["draft_len"],
-                           level=table.info["level"], n_boot=settings.acceptance.n_boot, seed=seed)
+    _, rows = paper.criteria_against_heads(stats, trained, table, settings, seed)
     criteria_rows += [{"statistics": label, **r} for r in rows]
 paper.write_csv(criteria_rows, "tables/04c_served_criteria.csv")
 

@@ -286,7 +286,7 @@ glue("limitations", " ".join([
 # every trained layer set, against the heads' tau (rank correlation; sets, sequences and seeds resampled)
 import numpy as np
 
-from wavesurf.criteria import criteria_sentence, criteria_vs_tau, set_criteria
+from wavesurf.criteria import criteria_sentence
 
 selection_variant = variants.selection_variant_names(P)[1]  # the profile's analysis.selection_positions
 stats = variants.profile_stats(target, P, [selection_variant], progress=False)[selection_variant]
@@ -294,9 +294,7 @@ trained = [s for s in sets if s.name in table.runs]
 # the predictive probe of every k-set (sampled past 10,000) on the statistics corpus, the trained sets included
 k = len(target.default_layer_ids())  # the default set's size; sets of other sizes (last-1) get no probe score
 probe = paper.profile_probe(target, P, [s.layer_ids for s in trained if len(s.layer_ids) == k], k=k, progress=False)
-criteria = [set_criteria(stats, s.layer_ids, probe=probe) for s in trained]
-criteria_rows = criteria_vs_tau(criteria, [table.runs[s.name] for s in trained], table.info["draft_len"],
-                                level=table.info["level"], n_boot=settings.acceptance.n_boot, seed=seed)
+criteria, criteria_rows = paper.criteria_against_heads(stats, trained, table, settings, seed, probe=probe)
 paper.write_csv(criteria_rows, "tables/06_criteria.csv")
 paper.write_csv([{"layer_set": s.name, "layer_ids": " ".join(map(str, s.layer_ids)), "tau": table.row(s.name)["tau"],
                   **{k: round(v, 5) for k, v in c.items()}} for s, c in zip(trained, criteria)],

@@ -18,7 +18,7 @@ import numpy as np
 from ..cache import write_rows_csv
 from ..errors import WavesurfError
 from .notebook import NotebookParams
-from .variants import profile_stats, selection_variant_names
+from .variants import profile_stats, selection_variant_names, statistics_corpus
 
 if TYPE_CHECKING:
     from ..models import Target
@@ -101,13 +101,26 @@ def profile_probe(target: Target, params: NotebookParams, include: Iterable[Sequ
     from ..stats.probe import ProbeSettings, probe_layer_sets
 
     a = params.profile_spec.analysis
-    max_tokens = params.max_tokens or a.max_tokens
-    settings = ProbeSettings(dataset=params.dataset, split="stats" if params.dataset == "sharegpt" else None,
-                             split_seed=0, max_tokens=max_tokens, max_len=a.max_len, batch_tokens=a.batch_tokens,
-                             pilot_tokens=min(ProbeSettings.pilot_tokens, max_tokens // 2))
+    corpus = statistics_corpus(params)
+    settings = ProbeSettings(**corpus, split_seed=0, max_len=a.max_len, batch_tokens=a.batch_tokens,
+                             pilot_tokens=min(ProbeSettings.pilot_tokens, corpus["max_tokens"] // 2))
     sets = [list(s) for s in include]
     return probe_layer_sets(target, k=k, settings=settings, include=sets, top1_sets=sets, seed=params.seed,
                             progress=progress)
+
+
+def criteria_against_heads(stats: Any, trained: Sequence[Any], table: Any, settings: Any, seed: int = 0,
+                           probe: Any = None) -> tuple[list[dict[str, float]], list[dict[str, Any]]]:
+    """Every criterion (:func:`wavesurf.criteria.set_criteria`, on ``stats``) of each layer set the
+    speed table ``table`` trained, and each criterion's rank correlation with those heads' τ at the
+    table's draft length and level (:func:`wavesurf.criteria.criteria_vs_tau`: sets, sequences and
+    seeds resampled). Returns ``(criteria per set, correlation rows)``."""
+    from ..criteria import criteria_vs_tau, set_criteria
+
+    criteria = [set_criteria(stats, s.layer_ids, probe=probe) for s in trained]
+    rows = criteria_vs_tau(criteria, [table.runs[s.name] for s in trained], table.info["draft_len"],
+                           level=table.info["level"], n_boot=settings.acceptance.n_boot, seed=seed)
+    return criteria, rows
 
 
 # ---------------------------------------------------------------------------------------------

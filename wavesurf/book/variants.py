@@ -21,16 +21,22 @@ if TYPE_CHECKING:
 SHARED_CAPTURE_MAX_BYTES = 6 * 2**30
 
 
+def statistics_corpus(params: Any) -> dict[str, Any]:
+    """What every all-positions variant and the probe read: ``dataset``, ``split`` (ShareGPT's
+    "stats" split, none for other corpora) and the token budget ``max_tokens`` (the notebook's, else
+    the profile's)."""
+    return {"dataset": params.dataset, "split": "stats" if params.dataset == "sharegpt" else None,
+            "max_tokens": params.max_tokens or params.profile_spec.analysis.max_tokens}
+
+
 def analysis_variants(params: Any) -> dict[str, Any]:
     """AnalysisSettings of every variant the statistics notebooks read, by name:
     ``base``, ``position0``, ``selection`` and ``sweep:<filter>`` for each sweep filter."""
     from ..stats.analysis import AnalysisSettings
 
     a = params.profile_spec.analysis
-    split = "stats" if params.dataset == "sharegpt" else None
-    common = dict(dataset=params.dataset, split=split, max_tokens=params.max_tokens or a.max_tokens,
-                  max_len=a.max_len, batch_tokens=a.batch_tokens, pilot_tokens=a.pilot_tokens,
-                  seed=params.seed, resample_groups=a.resample_groups)
+    common = dict(**statistics_corpus(params), max_len=a.max_len, batch_tokens=a.batch_tokens,
+                  pilot_tokens=a.pilot_tokens, seed=params.seed, resample_groups=a.resample_groups)
     exact = AnalysisSettings(**common, estimator=a.estimator)
     sweep = AnalysisSettings(**common, estimator=a.sweep_estimator, minibatch_size=a.minibatch_size)
     variants = {
@@ -64,7 +70,7 @@ def served_variants(target: Target, params: Any, progress: bool = True) -> dict[
     corpus = distilled_corpus(target, drafter, "train", progress)
     max_len = max(a.max_len, drafter.distill.max_len)  # whole answers, as the drafters read them
     budget = tokens_for_role_positions(corpus, target.tokenizer, target.has_chat_template,
-                                       params.max_tokens or a.max_tokens, max_len=max_len)
+                                       statistics_corpus(params)["max_tokens"], max_len=max_len)
     common = dict(dataset=f"{corpus.name}#{corpus.info['key']}", split="train", roles="assistant",
                   max_tokens=budget, max_len=max_len, min_tokens=a.served_min_tokens,
                   batch_tokens=a.batch_tokens, pilot_tokens=a.pilot_tokens, seed=params.seed,

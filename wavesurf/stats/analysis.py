@@ -354,10 +354,7 @@ def analyze_batches(
     for sub in subsets:
         sub.finish()
     if shard.active:
-        n_roles = len(fstate.candidate_roles)
-        summed = all_reduce_ints(fstate.candidates, fstate.kept, *fstate.candidate_roles, *fstate.kept_roles)
-        fstate.candidates, fstate.kept = summed[:2]
-        fstate.candidate_roles, fstate.kept_roles = summed[2:2 + n_roles], summed[2 + n_roles:]
+        fstate.sum_over_processes(all_reduce_ints)
     kept = subsets[0].moments.n
     if kept < min_tokens:
         raise FilterError(

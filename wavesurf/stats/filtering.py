@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from ..data import ROLE_NAMES
 from ..errors import FilterError
@@ -69,8 +72,8 @@ class FilterState:
         self.kept = 0
         # positions by role (wavesurf.data.ROLE_*): which roles a filter keeps, e.g. how much of the
         # high-entropy half of a chat corpus is user text rather than the answers a drafter serves
-        self.candidate_roles = [0] * len(ROLE_NAMES)
-        self.kept_roles = [0] * len(ROLE_NAMES)
+        self.candidate_roles = np.zeros(len(ROLE_NAMES), dtype=np.int64)
+        self.kept_roles = np.zeros(len(ROLE_NAMES), dtype=np.int64)
 
     def set_threshold_from(self, entropies: Any) -> None:
         """Fix a quantile threshold from pilot entropies (1-D tensor of statistics positions)."""
@@ -95,9 +98,7 @@ class FilterState:
         self.kept += int(kept.sum())
         if roles is not None:
             for counts, mask in ((self.candidate_roles, candidate_mask), (self.kept_roles, kept)):
-                found = torch.bincount(roles[mask].long().cpu(), minlength=len(counts)).tolist()
-                for r, n in enumerate(found[: len(counts)]):
-                    counts[r] += int(n)
+                counts += torch.bincount(roles[mask].long().cpu(), minlength=len(counts))[: len(counts)].numpy()
         if not self.spec.active:
             return kept, None
         flat = candidate_mask.reshape(-1).nonzero().squeeze(1)
@@ -107,6 +108,14 @@ class FilterState:
         control = torch.zeros(candidate_mask.numel(), dtype=torch.bool, device=candidate_mask.device)
         control[pick] = True
         return kept, control.reshape(candidate_mask.shape)
+
+    def sum_over_processes(self, all_reduce_ints: Callable[..., list[int]]) -> None:
+        """Replace every count by its sum over the processes of a sharded pass
+        (``wavesurf.distributed.all_reduce_ints``)."""
+        n = len(self.candidate_roles)
+        summed = all_reduce_ints(self.candidates, self.kept, *self.candidate_roles, *self.kept_roles)
+        self.candidates, self.kept = summed[:2]
+        self.candidate_roles, self.kept_roles = np.array(summed[2:2 + n]), np.array(summed[2 + n:])
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -120,7 +129,7 @@ class FilterState:
         }
 
 
-def role_counts(counts: list[int]) -> dict[str, int]:
+def role_counts(counts: Sequence[int]) -> dict[str, int]:
     """Counts by ``ROLE_*`` index as ``{role name: count}``, roles never seen left out."""
     return {ROLE_NAMES[r]: int(n) for r, n in enumerate(counts) if n}
 
