@@ -92,9 +92,10 @@ glue("n_compartments", len(base.compartments), display=False)
 starts = [ids.index(lo) for lo, _ in base.compartments[1:]]
 if iv and starts:
     freq = base.boundary_frequency()
-    glue("boundary_sentence", "Across resamples that leave one group of conversations out, these boundaries recur in "
+    glue("boundary_sentence", "In the leave-one-group-out (jackknife) replicates, these boundaries recur in "
          + ", ".join(f"{100 * freq[k]:.0f} %" for k in starts) + " of cases (id " + ", ".join(str(ids[k]) for k in starts)
-         + f"), and {int(np.sum(freq > 0) - len(starts))} other ids ever start a compartment.", display=False)
+         + f"), and {int(np.sum(freq > 0) - len(starts))} other ids ever start a compartment. "
+         + paper.jackknife_agreement_note(base), display=False)
 else:
     glue("boundary_sentence", "", display=False)
 glue("interval_note", paper.interval_note(base), display=False)
@@ -102,12 +103,12 @@ glue("interval_note", paper.interval_note(base), display=False)
 # %% [markdown]
 # ```{glue:figure} fig_cka
 # Left: linear CKA between every pair of layer ids (vLLM convention; {glue:text}`estimator` estimator,
-# {glue:text}`n_tokens` positions), white boxes the compartments; below it, the share of resamples
-# (one group of conversations left out) in which a compartment starts at each id. Right: CKA of
+# {glue:text}`n_tokens` positions), white boxes the compartments; below it, the share of jackknife
+# replicates (one group of conversations left out) in which a compartment starts at each id. Right: CKA of
 # each layer with the next one and with the last block, with 95% interval bands; dotted verticals
 # mark the default EAGLE-3 layers. **What to see:** bright square blocks along the diagonal are
 # groups of layers that share a geometry; dips of the next-layer CKA mark where the representation
-# turns over; a boundary that recurs in most resamples is a property of the model, not of the sample.
+# turns over; a boundary missing from some jackknife replicates hangs on one group of conversations.
 # ```
 #
 # Neighbouring blocks are similar (median CKA(i, i+1) = {glue:text}`median_next:.3f`), except where

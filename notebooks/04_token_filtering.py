@@ -83,7 +83,7 @@ cols = ["filter", "subset", "threshold_nats", "kept_fraction", "tokens", "mean_n
         "mean_neighbour_cka", "mean_cka_to_last", "n_compartments", "selected_ids"]
 if any("mean_neighbour_cka_minus_random" in r for r in rows):  # filtered minus random, with its interval
     cols[-1:-1] = ["mean_neighbour_cka_minus_random", "mean_neighbour_cka_minus_random_low",
-                   "mean_neighbour_cka_minus_random_high", "selected_in_resamples"]
+                   "mean_neighbour_cka_minus_random_high", "selected_jackknife_agreement"]
 HTML(tables.html_table(rows, cols, headers={"threshold_nats": "threshold (nats)", "kept_fraction": "kept",
                                            "mean_normalized_entropy": "mean S₁/max", "mean_neighbour_cka": "mean CKA(i,i+1)",
                                            "mean_cka_to_last": "mean CKA(i,N)", "n_compartments": "compartments",
@@ -91,7 +91,7 @@ HTML(tables.html_table(rows, cols, headers={"threshold_nats": "threshold (nats)"
                                            "mean_neighbour_cka_minus_random": "Δ CKA(i,i+1) vs random",
                                            "mean_neighbour_cka_minus_random_low": "Δ 95% low",
                                            "mean_neighbour_cka_minus_random_high": "Δ 95% high",
-                                           "selected_in_resamples": "same picks in resamples"}))
+                                           "selected_jackknife_agreement": "jackknife agreement of picks"}))
 
 # %% tags=["remove-input"]
 f = sel.meta["filter"]

@@ -53,7 +53,7 @@ by = {r["method"]: r for r in rows}
 from IPython.display import HTML
 
 iv_cols = (["delta_aggregate_entropy2_low", "delta_aggregate_entropy2_high", "redundancy2_low", "redundancy2_high",
-            "chosen_in_resamples"] if stats.has_intervals else [])
+            "jackknife_agreement"] if stats.has_intervals else [])
 HTML(tables.html_table(
     rows, ["method", "layer_ids", "sglang_layer_ids", "mean_entropy_nats", "mean_pairwise_cka", "aggregate_entropy2_nats",
            "redundancy2_nats", "delta_aggregate_entropy2_vs_default", *iv_cols],
@@ -62,7 +62,7 @@ HTML(tables.html_table(
              "redundancy2_nats": "R₂ (nats)", "delta_aggregate_entropy2_vs_default": "ΔS₂ vs default (nats)",
              "delta_aggregate_entropy2_low": "ΔS₂ 95% low", "delta_aggregate_entropy2_high": "ΔS₂ 95% high",
              "redundancy2_low": "R₂ 95% low", "redundancy2_high": "R₂ 95% high",
-             "chosen_in_resamples": "same set in resamples"}))
+             "jackknife_agreement": "jackknife agreement"}))
 
 # %% tags=["remove-input"]
 HTML(tables.html_table(rows, ["method", "reason"]))
@@ -96,10 +96,10 @@ glue("best_gain", paper.interval_text(by[best]["delta_aggregate_entropy2_vs_defa
      display=False)
 if stats.has_intervals:
     glue("recurrence_sentence", "Leaving out one group of conversations at a time, each method picks the same set in "
-         + ", ".join(f"{100 * by[m]['chosen_in_resamples']:.0f} % ({m})" for m in others) + " of resamples "
-         "(aggregate compared on its α = 2 ranking, as a resample has no cross-covariances for the α = 1 re-ranking): "
-         "a method whose pick recurs rarely is choosing among sets its statistics cannot tell apart.",
-         display=False)
+         + ", ".join(f"{100 * by[m]['jackknife_agreement']:.0f} % ({m})" for m in others) + " of the replicates "
+         "(aggregate compared on its α = 2 ranking, as a replicate has no cross-covariances for the α = 1 re-ranking): "
+         "a method whose pick recurs rarely is choosing among sets its statistics cannot tell apart. "
+         + paper.jackknife_agreement_note(stats), display=False)
 else:
     glue("recurrence_sentence", paper.interval_note(stats), display=False)
 glue("n_tokens", f"{stats.main.n_tokens:,}", display=False)

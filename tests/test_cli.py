@@ -32,7 +32,7 @@ def test_select_probe_runs_the_probe_on_the_same_corpus(small_stats, capsys):
     assert main(["select", "--k", "1", "--method", "probe", "--ridge", "0.1", *SMALL_ARGS]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["method"] == "probe" and len(out["layer_ids"]) == 1 and out["scores"]["probe_sets_scored"] == 30
-    assert "chosen_in_resamples" not in out  # a resample of the statistics does not resample the probe
+    assert "jackknife_agreement" not in out  # a resample of the statistics does not resample the probe
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -85,7 +85,7 @@ def test_analyze_and_select_use_the_cache(small_stats, capsys):
     assert main(["select", "--k", "3", "--method", "aggregate", *SMALL_ARGS]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["convention"] == "vllm" and out["sglang_layer_ids"] == [i - 1 for i in out["layer_ids"]]
-    assert 0.0 <= out["chosen_in_resamples"] <= 1.0
+    assert 0.0 <= out["jackknife_agreement"] <= 1.0
     assert main(["select", "--method", "default", "--eagle-config", "specforge", *SMALL_ARGS]) == 0
     snippet = json.loads(capsys.readouterr().out)
     assert snippet == {"eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 14, 26], "use_aux_hidden_state": True},

@@ -323,9 +323,9 @@ def test_selection_and_sweep_rows_carry_intervals(interval_stats):
 
     rows = selection_rows(interval_stats, k=3)
     for r in rows:
-        assert 0.0 <= r["chosen_in_resamples"] <= 1.0
+        assert 0.0 <= r["jackknife_agreement"] <= 1.0
         assert r["delta_aggregate_entropy2_low"] <= r["delta_aggregate_entropy2_vs_default"] <= r["delta_aggregate_entropy2_high"]
-    assert rows[0]["chosen_in_resamples"] == 1.0  # the fixed default rule never changes
+    assert rows[0]["jackknife_agreement"] == 1.0  # the fixed default rule never changes
     for r in rows:
         assert r["redundancy2_low"] <= r["redundancy2_nats"] <= r["redundancy2_high"]
     sweep = sweep_rows({"q0.2": interval_stats})

@@ -219,7 +219,7 @@ def cmd_select(args: argparse.Namespace) -> int:
     out["export_formats"] = servable_formats(selection.layer_ids, target.n_layers, architecture)
     recurrence = selection_recurrence(stats, args.k, args.method, **options) if candidates is None else None
     if recurrence is not None:  # how often the set recurs, one group of conversations left out
-        out["chosen_in_resamples"] = round(recurrence, 4)
+        out["jackknife_agreement"] = round(recurrence, 4)
     if args.eagle_config:
         out = selection.eagle_config(args.eagle_config, architecture)
     _print_json(out)
@@ -502,7 +502,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--trade-off", type=float, default=0.5,
                    help="combined: weight t of diversity (1 - mean CKA) against normalised entropy (default 0.5)")
     p.add_argument("--min-spacing", type=int, default=None, help="entropy-spaced: minimum distance between picked ids (default N // 2k)")
-    p.add_argument("--ridge", type=float, default=1e-2, help="probe: ridge penalty lambda > 0 on whitened features (default 0.01)")
+    from .stats.probe import DEFAULT_RIDGE
+
+    p.add_argument("--ridge", type=float, default=DEFAULT_RIDGE,
+                   help=f"probe: ridge penalty lambda > 0 on whitened features (default {DEFAULT_RIDGE})")
     p.add_argument("--eagle-config", choices=list(FORMATS), default=None,
                    help="print the drafter-config snippet for that consumer instead, its ids written by its own "
                         "rule (see `wavesurf export --help`)")

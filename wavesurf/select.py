@@ -556,8 +556,9 @@ def select_layers(stats: Any, k: int = 3, method: str = "combined", candidates: 
 
 
 def selection_recurrence(stats: Any, k: int = 3, method: str = "combined", **options: Any) -> float | None:
-    """Share of the leave-one-group-out resamples of ``stats`` in which ``method`` picks the same
-    set as on all data, or None for statistics without resampling replicates. Both sides are
+    """Jackknife agreement: share of the leave-one-group-out replicates of ``stats`` in which
+    ``method`` picks the same set as on all data (each replicate keeps (G-1)/G of the data, so this
+    overstates stability: :func:`wavesurf.book.paper.jackknife_agreement_note`), or None for statistics without resampling replicates. Both sides are
     scored without cross-layer covariances (a replicate has none), so ``aggregate`` is compared
     on its alpha=2 basis. None too for methods that read more than the statistics (``probe``):
     a resample of the statistics does not resample what they read."""
@@ -608,7 +609,7 @@ def selection_rows(stats: Any, k: int = 3, methods: Sequence[str] | None = None,
             row["redundancy2_low"], row["redundancy2_high"] = round(float(rj.low[0]), 4), round(float(rj.high[0]), 4)
         recurrence = selection_recurrence(stats, k, m, **options.get(m, {})) if has_iv else None
         if recurrence is not None:  # how often the same set is chosen with one group of conversations left out
-            row["chosen_in_resamples"] = round(float(recurrence), 4)
+            row["jackknife_agreement"] = round(float(recurrence), 4)
         rows.append(row)
     return rows
 
@@ -638,7 +639,7 @@ def sweep_rows(stats_by_variant: dict[str, Any], method: str = "combined", k: in
                         ivals[f"{col}_minus_random"] = round(float(dj.estimate), 4)
                         ivals[f"{col}_minus_random_low"] = round(float(dj.low), 4)
                         ivals[f"{col}_minus_random_high"] = round(float(dj.high), 4)
-                ivals["selected_in_resamples"] = round(float(selection_recurrence(view, k, method)), 4)
+                ivals["selected_jackknife_agreement"] = round(float(selection_recurrence(view, k, method)), 4)
             rows.append({
                 "variant": name, "filter": f["filter"], "subset": subset,
                 "threshold_nats": f["threshold_nats"] if f["threshold_nats"] is not None else "",

@@ -30,3 +30,15 @@ def test_profile_probe_follows_the_profile_and_scores_the_trained_sets(smollm):
     assert probe.over == "all" and len(probe.layer_sets) == math.comb(smollm.n_layers + 1, 3)
     for ids in trained:
         assert np.isfinite(probe.score(ids)) and 0.0 <= probe.top1[tuple(ids)] <= 1.0
+
+
+def test_jackknife_agreement_note_names_groups_and_refuses_to_call_it_stability():
+    class Run:  # only the run metadata the note reads
+        def __init__(self, groups):
+            self.meta = {"intervals": {"groups": groups}} if groups is not None else {}
+
+    note = paper.jackknife_agreement_note(Run(10))
+    assert "jackknife agreement" in note and "not stability" in note
+    assert "9 of 10 groups" in note and "1/3.0" in note  # sqrt(10 - 1) = 3
+    assert "1/4.4" in paper.jackknife_agreement_note(Run(20))  # sqrt(19) = 4.36
+    assert paper.jackknife_agreement_note(Run(None)) == "" and paper.jackknife_agreement_note(Run(0)) == ""

@@ -93,6 +93,21 @@ def interval_note(stats: Any) -> str:
     return f"This run has no intervals ({note})."
 
 
+def jackknife_agreement_note(stats: Any) -> str:
+    """What a share of leave-one-group-out replicates can and cannot say (issue 32: it is not a
+    stability estimate). Each replicate keeps (G-1)/G of the conversations, so a replicate's
+    statistic moves about 1/sqrt(G-1) as far from the full-data value as a fresh sample's would:
+    agreement across replicates overstates how often another sample gives the same answer."""
+    groups = int(stats.meta.get("intervals", {}).get("groups") or 0)
+    if groups < 2:
+        return ""
+    return (f"This is *jackknife agreement*, not stability: each of the {groups} replicates keeps "
+            f"{groups - 1} of {groups} groups of conversations and moves about "
+            f"1/{np.sqrt(groups - 1):.1f} as far as a new sample would, so it overstates how often "
+            f"another sample would give the same answer; a low share is evidence of instability, a high "
+            f"one is not evidence of stability.")
+
+
 def profile_probe(target: Target, params: NotebookParams, include: Iterable[Sequence[int]], k: int = 3,
                   progress: bool = True) -> Any:
     """The predictive probe (:func:`wavesurf.stats.probe.probe_layer_sets`) of every k-set of the

@@ -65,8 +65,9 @@ def plot_cka_heatmap(sub: Any, ax: Any = None, title: str | None = None, compart
 
 def plot_boundary_frequency(layer_ids: Sequence[int], frequency: Sequence[float], ax: Any = None,
                             compartments: Sequence[tuple[int, int]] | None = None) -> Any:
-    """Bars: share of leave-one-group-out resamples whose CKA compartments start a new one at each
-    layer id; the full-data boundaries are marked with triangles."""
+    """Bars: share of leave-one-group-out (jackknife) replicates whose CKA compartments start a new
+    one at each layer id (jackknife agreement, not a stability estimate); the full-data boundaries
+    are marked with triangles."""
     import matplotlib.pyplot as plt
 
     use_style()
@@ -79,7 +80,7 @@ def plot_boundary_frequency(layer_ids: Sequence[int], frequency: Sequence[float]
         ax.set_title("▼ = compartment start on all data", fontsize=8, loc="left")
     ax.set_ylim(0, 1.12)
     ax.set_xlabel("layer id (vLLM): a compartment starts here")
-    ax.set_ylabel("share of resamples")
+    ax.set_ylabel("share of jackknife\nreplicates")
     return ax
 
 
