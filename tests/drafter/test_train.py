@@ -347,3 +347,28 @@ def test_cli_train(smollm, tmp_cache, tmp_path, capsys):
     assert load_head(tmp_path / "cli", smollm)[1]["settings"]["precision"] == "bfloat16"
     assert main(["train", "--layers", "2,15,27", "--warmup-steps", "-1", "--quiet"]) == 2  # before the model loads
     assert "wavesurf train: error: warmup_steps=-1" in capsys.readouterr().err
+
+
+def test_fused_adamw_on_this_device_makes_the_per_tensor_update():
+    """Training asks torch for a fused AdamW on CPU and CUDA (FUSED_ADAMW_DEVICES); it must exist
+    here and make the same update as the per-tensor loop (float64 reference, a few steps)."""
+    from wavesurf.drafter.train import FUSED_ADAMW_DEVICES
+
+    assert "cpu" in FUSED_ADAMW_DEVICES
+    gen = torch.Generator().manual_seed(0)
+    shapes = [(64, 48), (48,), (7, 5, 3)]
+    start = [torch.randn(s, generator=gen, dtype=torch.float64) for s in shapes]
+    grads = [[torch.randn(s, generator=gen, dtype=torch.float64) for s in shapes] for _ in range(4)]
+    final = {}
+    for fused in (False, True):
+        params = [torch.nn.Parameter(p.clone()) for p in start]
+        opt = torch.optim.AdamW(params, lr=1e-2, betas=(0.9, 0.95), weight_decay=0.1, fused=fused,
+                                foreach=None if fused else False)
+        for g in grads:
+            for p, gp in zip(params, g):
+                p.grad = gp.clone()
+            opt.step()
+        final[fused] = [p.detach() for p in params]
+        assert not torch.equal(final[fused][0], start[0])  # it moved
+    for a, b in zip(final[False], final[True]):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
