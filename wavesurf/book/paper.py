@@ -101,7 +101,7 @@ def jackknife_agreement_note(stats: Any) -> str:
     groups = int(stats.meta.get("intervals", {}).get("groups") or 0)
     if groups < 2:
         return ""
-    return (f"This is *jackknife agreement*, not stability: each of the {groups} replicates keeps "
+    return (f"This is jackknife agreement, not stability: each of the {groups} replicates keeps "
             f"{groups - 1} of {groups} groups of conversations and moves about "
             f"1/{np.sqrt(groups - 1):.1f} as far as a new sample would, so it overstates how often "
             f"another sample would give the same answer; a low share is evidence of instability, a high "

@@ -63,6 +63,8 @@ if TYPE_CHECKING:
 PROBE_FORMAT = 2  # 2: entries named <kind>.npz
 #: Sets solved together in one batched linear-algebra call while scoring.
 SCORE_CHUNK = 128
+#: The ridge penalty lambda by default (on whitened, unit-variance features).
+DEFAULT_RIDGE = 1e-2
 
 
 @dataclass(frozen=True)
@@ -561,7 +563,7 @@ def probe_sets(n_layers: int, k: int, max_sets: int = 10_000, sample: int = 1000
     return np.array(sorted(rows | drawn), dtype=np.int64).reshape(-1, k), "sampled"
 
 
-def probe_layer_sets(target: Target, k: int = 3, settings: ProbeSettings | None = None, *, ridge: float = 1e-2,
+def probe_layer_sets(target: Target, k: int = 3, settings: ProbeSettings | None = None, *, ridge: float = DEFAULT_RIDGE,
                      max_sets: int = 10_000, sample: int = 1000, include: Iterable[Sequence[int]] = (),
                      top1_sets: Iterable[Sequence[int]] = (), seed: int = 0, use_cache: bool = True,
                      progress: bool = True, **overrides: Any) -> ProbeResult:
