@@ -121,11 +121,18 @@ PROFILES: dict[str, dict[str, Any]] = {
         # minutes per notebook of an empty-cache run on the 2-core reference machine (Intel Xeon host,
         # fresh clone of f187b1d, 2026-12-06, 52 min 16 s in all with setup: benchmarks/results/
         # fresh_clone-20261206T115617.json); 06 plus the probe of every 3-set measured alone on that
-        # run's cache (0.8 min: 41 s of moments, 7 s scoring 4,495 sets); only the progress line's ETA reads them
+        # run's cache (0.8 min: 41 s of moments, 7 s scoring 4,495 sets); only the progress line's ETA reads them.
+        # Gemma-3-270M: one run from the warm model cache of 7333e6b (2026-12-06, 75 min of notebooks,
+        # benchmarks/results/profile_summary-20261206T142434.json) on a machine that ran tests beside
+        # 01 and the start of 04b, so an upper bound
         "reference_minutes": {"smollm2-135m": {
             "01_entropy_compartments": 4.0, "02_cka_dynamics": 0.09, "03_aggregate_entropy": 0.14,
             "04_token_filtering": 0.11, "04b_filtering_drafters": 40.63, "04c_served_positions": 5.07,
-            "05_layer_selection": 0.29, "06_speed_table": 2.44, "07_cross_model": 0.13}},
+            "05_layer_selection": 0.29, "06_speed_table": 2.44, "07_cross_model": 0.13},
+            "gemma3-270m": {
+            "01_entropy_compartments": 17.46, "02_cka_dynamics": 0.17, "03_aggregate_entropy": 0.22,
+            "04_token_filtering": 0.32, "04b_filtering_drafters": 49.41, "04c_served_positions": 4.4,
+            "05_layer_selection": 0.32, "06_speed_table": 2.9, "07_cross_model": 0.2}},
     },
     "long": {
         # The default recipe (128-token bfloat16 batches, lr 1e-3) at 4.4x the tokens per head, from
