@@ -9,6 +9,7 @@ import json
 import os
 import platform
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,15 @@ def capture_stream(args: argparse.Namespace) -> tuple[Any, list[int], Any, Any]:
     stream = capture(target, corpus, (args.batches + 1) * args.batch_tokens, batch_tokens=args.batch_tokens,
                      progress=False)
     return target, ids, corpus, stream
+
+
+def timed_batches(stream: Any, batches: int) -> Any:
+    """``(k, batch, forward seconds)`` for the warm-up batch (``k = 0``) and ``batches`` timed ones of
+    a :func:`capture_stream`: the capture forward of each batch is timed as the batch is drawn."""
+    for k in range(batches + 1):
+        t0 = time.perf_counter()
+        batch = next(stream)
+        yield k, batch, time.perf_counter() - t0
 
 
 RESULTS = Path(__file__).resolve().parent / "results"

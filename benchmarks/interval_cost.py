@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import time
 
-from _common import capture_stream, stats_cost_parser
+from _common import capture_stream, stats_cost_parser, timed_batches
 
 
 def main() -> None:
@@ -42,10 +42,7 @@ def main() -> None:
     sh2 = TokenShuffler(8 * args.minibatch_size, args.minibatch_size, seed=0)
     t_fwd = 0.0
     tokens = 0
-    for k in range(args.batches + 1):
-        t0 = time.perf_counter()
-        batch = next(stream)
-        dt_fwd = time.perf_counter() - t0
+    for k, batch, dt_fwd in timed_batches(stream, args.batches):
         mask = batch.stat_mask()
         groups = assigner.row_groups(batch.example_ids, tuple(mask.shape))
         dts = {}

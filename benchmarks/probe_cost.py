@@ -15,7 +15,7 @@ from __future__ import annotations
 import itertools
 import time
 
-from _common import capture_stream, stats_cost_parser, write_result
+from _common import capture_stream, stats_cost_parser, timed_batches, write_result
 
 
 def main() -> None:
@@ -36,10 +36,7 @@ def main() -> None:
     acc = ProbeAccumulator(target.n_layers, target.hidden_size, settings)
     t_fwd = t_probe = 0.0
     positions = 0
-    for k in range(args.batches + 1):
-        t0 = time.perf_counter()
-        batch = next(stream)
-        dt_fwd = time.perf_counter() - t0
+    for k, batch, dt_fwd in timed_batches(stream, args.batches):
         t0 = time.perf_counter()
         acc.update(batch)
         dt_probe = time.perf_counter() - t0

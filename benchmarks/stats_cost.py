@@ -14,7 +14,7 @@ import os
 import resource
 import time
 
-from _common import capture_stream, stats_cost_parser
+from _common import capture_stream, stats_cost_parser, timed_batches
 
 
 def main() -> None:
@@ -37,10 +37,7 @@ def main() -> None:
     shuffler = TokenShuffler(4 * args.minibatch_size, args.minibatch_size, seed=0)
     times = {k: 0.0 for k in accs} | {"minibatch CKA, all pairs (+ per-layer moments)": 0.0}
     t_fwd, tokens = 0.0, 0
-    for k in range(args.batches + 1):
-        t0 = time.perf_counter()
-        batch = next(stream)
-        dt_fwd = time.perf_counter() - t0
+    for k, batch, dt_fwd in timed_batches(stream, args.batches):
         mask = batch.stat_mask()
         dts = {}
         for name, acc in accs.items():
