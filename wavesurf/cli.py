@@ -369,6 +369,14 @@ def _add_analysis_options(p: argparse.ArgumentParser) -> None:
     _add_runtime_options(p)
 
 
+def _add_select_options(p: argparse.ArgumentParser) -> None:
+    from .stats.probe import DEFAULT_RIDGE  # deferred: the light verbs do not import the statistics
+
+    p.add_argument("--ridge", type=float, default=DEFAULT_RIDGE,
+                   help=f"probe: ridge penalty lambda > 0 on whitened features (default {DEFAULT_RIDGE})")
+    _add_analysis_options(p)
+
+
 def _load_target(args: argparse.Namespace, device: str | None = None):
     """The target named by --model, on --device, in --model-dtype, downloading only with --allow-download."""
     from .models import load_target
@@ -502,14 +510,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--trade-off", type=float, default=0.5,
                    help="combined: weight t of diversity (1 - mean CKA) against normalised entropy (default 0.5)")
     p.add_argument("--min-spacing", type=int, default=None, help="entropy-spaced: minimum distance between picked ids (default N // 2k)")
-    from .stats.probe import DEFAULT_RIDGE
-
-    p.add_argument("--ridge", type=float, default=DEFAULT_RIDGE,
-                   help=f"probe: ridge penalty lambda > 0 on whitened features (default {DEFAULT_RIDGE})")
     p.add_argument("--eagle-config", choices=list(FORMATS), default=None,
                    help="print the drafter-config snippet for that consumer instead, its ids written by its own "
                         "rule (see `wavesurf export --help`)")
-    _later(p, _add_analysis_options)
+    _later(p, _add_select_options)
     p.set_defaults(func=cmd_select)
 
     from .distill import (DEFAULT_BATCH_SIZE, DEFAULT_CHUNK_EXAMPLES, DEFAULT_MAX_LEN, DEFAULT_MAX_NEW_TOKENS,

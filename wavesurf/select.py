@@ -558,7 +558,7 @@ def select_layers(stats: Any, k: int = 3, method: str = "combined", candidates: 
 def selection_recurrence(stats: Any, k: int = 3, method: str = "combined", **options: Any) -> float | None:
     """Jackknife agreement: share of the leave-one-group-out replicates of ``stats`` in which
     ``method`` picks the same set as on all data (each replicate keeps (G-1)/G of the data, so this
-    overstates stability: :func:`wavesurf.book.paper.jackknife_agreement_note`), or None for statistics without resampling replicates. Both sides are
+    overstates stability), or None for statistics without resampling replicates. Both sides are
     scored without cross-layer covariances (a replicate has none), so ``aggregate`` is compared
     on its alpha=2 basis. None too for methods that read more than the statistics (``probe``):
     a resample of the statistics does not resample what they read."""
