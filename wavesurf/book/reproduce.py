@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ReproduceError
-from .profiles import BASE_PROFILE, get_profile, scaled_reference_minutes
+from .profiles import BASE_PROFILE, DRAFTER_NOTEBOOKS, get_profile, scaled_reference_minutes
 
 KERNEL_NAME = "wavesurf-python"
 #: the least seconds between two lines of a notebook's inner progress in the terminal
@@ -350,6 +350,25 @@ def estimate_remaining(remaining: Sequence[str], previous: dict[str, float], pro
     return text + (f" + unknown for {', '.join(unknown)}" if unknown else "")
 
 
+#: the notebooks that read the speed table (wavesurf.book.paper.profile_speed_table): whichever of
+#: them runs first on a cache without the profile's heads generates the answers and trains the heads
+SPEED_TABLE_NOTEBOOKS = ("04b_filtering_drafters", "04c_served_positions", "06_speed_table")
+
+
+def drafter_work_note(stems: Sequence[str], previous: dict[str, float], profile: str, model: str,
+                      on_cpu: bool = True) -> str | None:
+    """A warning for a run (``--only``) that reads the speed table without its drafter notebook and
+    has no earlier run of it for this profile: the first reader then trains every head itself,
+    which its own time estimate (made on a warm cache) does not include. None when not needed."""
+    readers = [s for s in stems if s in SPEED_TABLE_NOTEBOOKS]
+    if not readers or any(s in DRAFTER_NOTEBOOKS for s in stems) or any(s in previous for s in DRAFTER_NOTEBOOKS):
+        return None
+    extra = estimate_remaining(list(DRAFTER_NOTEBOOKS), {}, profile, model, on_cpu=on_cpu)
+    return (f"note: {readers[0]} reads the heads that {', '.join(DRAFTER_NOTEBOOKS)} trains, which has not run for "
+            f"profile {profile} here; if they are not cached, {readers[0]} generates the target's answers and "
+            f"trains them first: {extra} more than its estimate")
+
+
 def reproduce(model: str, profile: str = "default", only: str | Sequence[str] | None = None, *,
               dataset: str = "sharegpt", max_tokens: int | None = None, seed: int = 0, device: str = "auto",
               root: Path | None = None, build: bool = True, progress: bool = True,
@@ -379,6 +398,9 @@ def reproduce(model: str, profile: str = "default", only: str | Sequence[str] | 
     carried = {scope: _stage(dirs[scope], stages[scope], [s for s in specs if s.scope == scope], profile, say)
                for scope in scopes}
     on_cpu = _runs_on_cpu(device)
+    note = drafter_work_note([s.stem for s in specs], previous, profile, model, on_cpu=on_cpu)
+    if note:
+        say(note)
     times: dict[str, float] = {}
     t_run = time.perf_counter()
     for n, spec in enumerate(specs, 1):
