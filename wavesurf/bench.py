@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 from ._version import __version__
 from .cache import atomic_directory, cache_root, params_key, read_manifest, write_manifest
 from .errors import BenchError, DatasetError, is_int
-from .settings_cli import setting
+from .settings_cli import setting, split_seed_setting
 
 if TYPE_CHECKING:
     from .models import Target
@@ -100,7 +100,7 @@ class BenchSettings:
     methods: tuple[str, ...] = setting(DECODE_METHODS, help=f"subset of {','.join(DECODE_METHODS)} (hf_generate always runs)")
     prompt_lookup_tokens: int = setting(10, positive=True, help="HF prompt_lookup_num_tokens")
     max_prompt_tokens: int = setting(512, positive=True, help="skip longer prompts")
-    split_seed: int = setting(0, help="seed of the ShareGPT train/stats/heldout split")
+    split_seed: int = split_seed_setting()
     warmup: int = setting(1, help="warm-up runs per method, not timed")
     n_calibration: int = setting(2, positive=True, help="auto: prompts tuned on, not benchmarked")
     lookup_ngram: int = setting(0, help="chain/auto: draft each chain's first tokens by n-gram lookup over the "

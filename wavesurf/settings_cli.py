@@ -33,6 +33,20 @@ def setting(default: Any = MISSING, *, help: str, choices: tuple[str, ...] | Non
     return field(default=default, metadata={"help": help, "choices": choices, "positive": positive})
 
 
+#: help of every ``split_seed`` (the settings that read a ShareGPT split, and the verbs without one)
+SPLIT_SEED_HELP = "seed of the ShareGPT train/stats/heldout split"
+
+
+def split_seed_setting() -> Any:
+    """The ``split_seed`` field of every settings type that reads a split (wavesurf.data.load_corpus)."""
+    return setting(0, help=SPLIT_SEED_HELP)
+
+
+def max_len_setting() -> Any:
+    """The ``max_len`` field of every settings type that captures a corpus (512 tokens by default)."""
+    return setting(512, positive=True, help="truncate examples to this many tokens")
+
+
 def positive_int(text: str) -> int:
     try:
         value = int(text)

@@ -38,7 +38,7 @@ from ..errors import is_int
 from .._version import __version__
 from ..cache import (describe_differences, entry_dir, params_key, read_manifest, resume_build, verify_directory,
                      write_manifest)
-from ..settings_cli import setting
+from ..settings_cli import max_len_setting, setting, split_seed_setting
 from ..data import ROLE_ASSISTANT, ROLE_TEMPLATE, make_batches
 from .head import DrafterError
 
@@ -60,9 +60,9 @@ class FeatureSettings:
                            "ShareGPT train split, made by `wavesurf distill`; what EAGLE-3 trains on), sharegpt "
                            "(GPT-3.5's answers), or a .jsonl path")
     split: str | None = setting("train", help="ShareGPT split")
-    split_seed: int = setting(0, help="seed of the ShareGPT train/stats/heldout split")
+    split_seed: int = split_seed_setting()
     max_tokens: int = setting(200_000, positive=True, help="training-split tokens captured into the feature store")
-    max_len: int = setting(512, positive=True, help="truncate examples to this many tokens")
+    max_len: int = max_len_setting()
     batch_tokens: int = setting(4096, positive=True, help="padded tokens per forward pass of the target")
     layer_ids: list[int] | None = None
     dtype: str = setting("float16", choices=STORE_DTYPES, help="feature dtype on disk")

@@ -24,7 +24,7 @@ from .._version import __version__
 from ..capture import ROLE_FILTERS, check_roles
 from ..cache import params_key, verify_directory
 from ..errors import StatsError, WavesurfError
-from ..settings_cli import setting
+from ..settings_cli import max_len_setting, setting, split_seed_setting
 from .cka import DEFAULT_MEMORY_BUDGET, MinibatchCKA, TokenShuffler, choose_cka_estimator, linear_cka_from_moments
 from .compartments import compartment_stability, compartments
 from .entropy import max_entropy, purity, renyi_entropy
@@ -49,9 +49,9 @@ class AnalysisSettings:
     dataset: str = setting("sharegpt", help="corpus: a packaged one (`wavesurf datasets`), a .jsonl path, "
                            "or <corpus>@<model> from `wavesurf distill`")
     split: str | None = setting("stats", help="ShareGPT split")
-    split_seed: int = setting(0, help="seed of the ShareGPT train/stats/heldout split")
+    split_seed: int = split_seed_setting()
     max_tokens: int = setting(100_000, positive=True, help="tokens fed to the model")
-    max_len: int = setting(512, positive=True, help="truncate examples to this many tokens")
+    max_len: int = max_len_setting()
     batch_tokens: int = setting(4096, positive=True, help="padded tokens per forward pass")
     roles: str = setting("all", choices=ROLE_FILTERS, help="tokens that count: all, or assistant tokens only")
     filter: str = setting("none", help=f"token-entropy filter: {FILTER_HELP}; a random subset of the same size is "
