@@ -74,6 +74,12 @@ SETTINGS = {
     "init_fc_inverse_rms_bf16_tokens1.5x": {"init_fc": "inverse_rms", "precision": "bfloat16", "train_tokens_scale": 1.5},
     "fc_fp32_bf16": {"fc_precision": "float32", "precision": "bfloat16"},
     "init_fc_inverse_rms_fc_fp32_bf16": {"init_fc": "inverse_rms", "fc_precision": "float32", "precision": "bfloat16"},
+    # issue 30's floor target: tau against tokens (and so wall-clock) of one recipe, pass --base with it
+    # (e.g. the long profile's train settings); each row's margin over the bigram floor and its control's
+    "tokens2x": {"train_tokens_scale": 2.0},
+    "tokens4x": {"train_tokens_scale": 4.0},
+    "tokens8x": {"train_tokens_scale": 8.0},
+    "embedding_only_tokens4x": {"embedding_only": True, "train_tokens_scale": 4.0},
 }
 
 
@@ -137,7 +143,8 @@ def main() -> None:
         row = {"setting": name, **{f"tau_{d}": round(acc.tau(d), 4) for d in acc.draft_lens},
                "step0_acc": round(acc.step_accuracy[0], 4), "diff": round(ci["diff"], 4),
                "diff_lo": round(ci["diff_lo"], 4), "diff_hi": round(ci["diff_hi"], 4),
-               "train_s": round(res.seconds, 1), "tok_per_s": round(res.tokens_per_second, 1),
+               "train_tokens": res.train_tokens, "train_s": round(res.seconds, 1),
+               "tok_per_s": round(res.tokens_per_second, 1),
                "heldout_coverage": info.get("vocab", {}).get("heldout_coverage"),
                "load": round(os.getloadavg()[0], 2), "wall_s": round(time.perf_counter() - t0, 1)}
         rescue = floor_miss_accuracy(target, head, table, held).interval()

@@ -24,6 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 from statistics import median
+from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 ROOT = Path(__file__).resolve().parent.parent
@@ -36,6 +37,16 @@ CONFIGS = {
     "bf16-1024": {"batch_tokens": 1024, "precision": "bfloat16"},
 }
 COMMON = {"ttt_steps": 3, "draft_vocab_size": 4096, "lr": 1e-3, "warmup_steps": 10}
+
+
+def feature_store(target: Any, layers: list[int], tokens: int, path: Path) -> Any:
+    """The feature store both checkouts (and ``train_profile.py``) train from: ``tokens`` tokens of
+    the ShareGPT train split, features of ``layers`` only."""
+    from wavesurf.drafter.features import FeatureSettings, build_feature_store
+
+    return build_feature_store(target, FeatureSettings(dataset="sharegpt", split="train", max_len=512,
+                                                       max_tokens=tokens, layer_ids=layers),
+                               path=path, progress=False)
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -107,7 +118,6 @@ def main() -> None:
     sys.path.insert(0, str(ROOT))
     from _common import write_result
 
-    from wavesurf.drafter.features import FeatureSettings, build_feature_store
     from wavesurf.models import configure_torch, load_target
 
     work = Path(tempfile.mkdtemp(prefix="wavesurf-train-bench-"))
@@ -119,10 +129,7 @@ def main() -> None:
         configure_torch()
         target = load_target(args.model)
         layers = [int(x) for x in args.layers.split(",")]
-        # the target's own answers when cached (what the speed table trains on), else ShareGPT text
-        store = build_feature_store(target, FeatureSettings(dataset="sharegpt", split="train", max_len=512,
-                                                            max_tokens=args.store_tokens, layer_ids=layers),
-                                    path=work / "store", progress=False)
+        store = feature_store(target, layers, args.store_tokens, work / "store")
         del target
         rows = []
         for config in configs:

@@ -61,3 +61,25 @@ def test_fresh_clone_can_run_the_main_command_with_another_profile():
         FRESH["with_profile"](main, "longer")
     with pytest.raises(SystemExit, match="names 0 --profile options"):
         FRESH["with_profile"]("./setup.sh && .venv/bin/wavesurf reproduce --model smollm2-135m", "long")
+
+
+def test_every_benchmark_script_is_in_the_readme_table():
+    table = (ROOT / "benchmarks" / "README.md").read_text().split("## ")[0]
+    scripts = sorted(p.name for p in (ROOT / "benchmarks").glob("*.py") if not p.name.startswith("_"))
+    missing = [s for s in scripts if f"| `{s}` |" not in table]
+    assert not missing, f"benchmarks/README.md's table of scripts lacks {missing}"
+
+
+def test_train_profile_buckets_operators_and_counts_gemm_flops():
+    prof = runpy.run_path(str(ROOT / "benchmarks" / "train_profile.py"))
+    category, flops = prof["category"], prof["gemm_flops"]
+    assert [category(k) for k in ("aten::mm", "aten::addmm", "aten::bmm")] == ["gemm"] * 3
+    assert category("aten::_softmax_backward_data") == category("aten::nll_loss_forward") == "softmax and loss"
+    assert category("aten::_fused_adamw_") == category("aten::_foreach_norm") == "optimizer"
+    assert category("aten::_to_copy") == category("aten::cat") == "copies and casts"
+    assert category("aten::mul") == category("aten::rsqrt") == "elementwise"
+    assert category("autograd::engine::evaluate_function: MmBackward0") == "dispatch"
+    # addmm(bias [n], a [m, k], b [k, n]) and bmm([B, m, k], [B, k, n]): 2 m k n flops per product
+    assert flops("aten::addmm", [[4096], [128, 576], [576, 4096]]) == ((1, 128, 576, 4096), 2.0 * 128 * 576 * 4096)
+    assert flops("aten::bmm", [[9, 128, 64], [9, 64, 128]]) == ((9, 128, 64, 128), 2.0 * 9 * 128 * 64 * 128)
+    assert flops("aten::mm", [[128]]) is None

@@ -423,7 +423,7 @@ def _add_bench_options(p: argparse.ArgumentParser) -> None:
 
 
 class _Verbs(argparse._SubParsersAction):
-    """The verbs; a verb's remaining options (:func:`_later`) are added when that verb is parsed,
+    """The verbs; a verb's remaining options (:func:`_settings_verb`) are added when that verb is parsed,
     so ``wavesurf --help`` and the light verbs never import the settings modules (and torch)."""
 
     def __call__(self, parser, namespace, values, option_string=None):  # type: ignore[override]
@@ -432,12 +432,17 @@ class _Verbs(argparse._SubParsersAction):
         super().__call__(parser, namespace, values, option_string)
 
 
-def _later(p: argparse.ArgumentParser, add: Any) -> None:
-    p.set_defaults(_add_options=add)
+def _settings_verb(sub: Any, verb: str, func: Any, add_options: Any, help: str, description: str
+                   ) -> argparse.ArgumentParser:
+    """One verb whose options come from a settings type: ``add_options(p)`` runs only when the verb
+    is used (:func:`complete_verb`), so ``wavesurf <other verb>`` does not import what it reads."""
+    p = sub.add_parser(verb, help=help, description=description)
+    p.set_defaults(func=func, _add_options=add_options)
+    return p
 
 
 def complete_verb(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """``p`` with the options :func:`_later` deferred (idempotent)."""
+    """``p`` with the options :func:`_settings_verb` deferred (idempotent)."""
     add = p.get_default("_add_options")
     if add is not None:
         p.set_defaults(_add_options=None)
@@ -488,15 +493,15 @@ def build_parser() -> argparse.ArgumentParser:
     _add_runtime_options(p)
     p.set_defaults(func=cmd_capture)
 
-    p = sub.add_parser("analyze", help="matrix entropy, CKA and compartments of every layer",
-                       description="One pass over a corpus: matrix entropy (nats) of every layer id 0..N, the "
-                                   "(N+1)x(N+1) linear CKA matrix and depth compartments, on statistics positions "
-                                   "(no padding, no position 0), optionally token-entropy filtered with a random "
-                                   "control of the same size. Results are cached by every parameter; prints a summary.")
-    _later(p, _add_analysis_options)
-    p.set_defaults(func=cmd_analyze)
+    _settings_verb(sub, "analyze", cmd_analyze, _add_analysis_options,
+                   help="matrix entropy, CKA and compartments of every layer",
+                   description="One pass over a corpus: matrix entropy (nats) of every layer id 0..N, the "
+                               "(N+1)x(N+1) linear CKA matrix and depth compartments, on statistics positions "
+                               "(no padding, no position 0), optionally token-entropy filtered with a random "
+                               "control of the same size. Results are cached by every parameter; prints a summary.")
 
-    p = sub.add_parser("select", help="which k layers an EAGLE-3 drafter should read",
+    p = _settings_verb(sub, "select", cmd_select, _add_select_options,
+                       help="which k layers an EAGLE-3 drafter should read",
                        description="Pick k target layers for an EAGLE-3 drafter from the (cached) statistics. Prints "
                                    'JSON {"layer_ids": [...], "convention": "vllm", "sglang_layer_ids": [...], '
                                    '"method", "scores", "reason"}.')
@@ -513,8 +518,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--eagle-config", choices=list(FORMATS), default=None,
                    help="print the drafter-config snippet for that consumer instead, its ids written by its own "
                         "rule (see `wavesurf export --help`)")
-    _later(p, _add_select_options)
-    p.set_defaults(func=cmd_select)
 
     from .distill import (DEFAULT_BATCH_SIZE, DEFAULT_CHUNK_EXAMPLES, DEFAULT_MAX_LEN, DEFAULT_MAX_NEW_TOKENS,
                           DEFAULT_MAX_TOKENS)
@@ -604,26 +607,24 @@ def build_parser() -> argparse.ArgumentParser:
                    help="--check of an export without wavesurf metadata: the target (name or path) it is for")
     p.set_defaults(func=cmd_export)
 
-    p = sub.add_parser("train", help="train an EAGLE-3 drafter on chosen target layers",
-                       description="Train an EAGLE-3 draft head that reads --layers (vLLM ids) of the target. The "
-                                   "target runs once over --max-train-tokens tokens of the training split into a "
-                                   "feature store (cached; by default every layer, so other layer sets reuse it), "
-                                   "then the head trains with training-time test (--ttt-steps unrolled steps, loss "
-                                   "weight 0.8^j) over a --draft-vocab most-frequent-token vocabulary. Checkpoints "
-                                   "let an interrupted run resume. Data parallel: `accelerate launch "
-                                   "--num_processes P -m wavesurf.cli train ...`. Prints a JSON summary.")
-    _later(p, _add_train_options)
-    p.set_defaults(func=cmd_train)
+    _settings_verb(sub, "train", cmd_train, _add_train_options,
+                   help="train an EAGLE-3 drafter on chosen target layers",
+                   description="Train an EAGLE-3 draft head that reads --layers (vLLM ids) of the target. The "
+                               "target runs once over --max-train-tokens tokens of the training split into a "
+                               "feature store (cached; by default every layer, so other layer sets reuse it), "
+                               "then the head trains with training-time test (--ttt-steps unrolled steps, loss "
+                               "weight 0.8^j) over a --draft-vocab most-frequent-token vocabulary. Checkpoints "
+                               "let an interrupted run resume. Data parallel: `accelerate launch "
+                               "--num_processes P -m wavesurf.cli train ...`. Prints a JSON summary.")
 
-    p = sub.add_parser("bench", help="acceptance length and speedup of a drafter against baselines",
-                       description="Speculative decoding with a drafter vs HF generate (greedy reference), our plain "
-                                   "KV-cached loop and HF prompt-lookup decoding, batch size 1, methods interleaved per "
-                                   "prompt, warm-up excluded. tau = tokens / target forwards after the prefill (bonus "
-                                   "token counted); speedup = mean tokens/s / mean tokens/s of HF greedy; at T=0 each "
-                                   "output is checked against HF greedy (lossless). Writes rows.csv + summary.json to "
-                                   "the results cache and prints the summary.")
-    _later(p, _add_bench_options)
-    p.set_defaults(func=cmd_bench)
+    _settings_verb(sub, "bench", cmd_bench, _add_bench_options,
+                   help="acceptance length and speedup of a drafter against baselines",
+                   description="Speculative decoding with a drafter vs HF generate (greedy reference), our plain "
+                               "KV-cached loop and HF prompt-lookup decoding, batch size 1, methods interleaved per "
+                               "prompt, warm-up excluded. tau = tokens / target forwards after the prefill (bonus "
+                               "token counted); speedup = mean tokens/s / mean tokens/s of HF greedy; at T=0 each "
+                               "output is checked against HF greedy (lossless). Writes rows.csv + summary.json to "
+                               "the results cache and prints the summary.")
     return parser
 
 
