@@ -35,15 +35,14 @@ import numpy as np
 from myst_nb import glue
 
 from wavesurf.book import paper, plots, variants
-from wavesurf.book.notebook import open_notebook
+from wavesurf.book.notebook import open_notebook, target_line
 from wavesurf.stats import compartment_label
 
 P, target = open_notebook(model, dataset, max_tokens, profile, seed, device)
 
 # %%
 # NBVAL_CHECK_OUTPUT
-print(f"{target.name}: N = {target.n_layers} blocks, d = {target.hidden_size}, "
-      f"default EAGLE-3 layers (vLLM ids) {target.default_layer_ids()}")
+print(target_line(target))
 
 # %% tags=["hide-output"]
 stats = variants.profile_stats(target, P)  # every variant the statistics notebooks read, one capture

@@ -40,7 +40,7 @@ from myst_nb import glue
 
 import wavesurf as ws
 from wavesurf.book import paper, plots, tables, variants
-from wavesurf.book.notebook import open_notebook
+from wavesurf.book.notebook import open_notebook, target_line
 from wavesurf.select import sweep_rows
 from wavesurf.stats.results import control_view
 
@@ -48,8 +48,7 @@ P, target = open_notebook(model, dataset, max_tokens, profile, seed, device)
 
 # %%
 # NBVAL_CHECK_OUTPUT
-print(f"{target.name}: N = {target.n_layers} blocks, d = {target.hidden_size}, "
-      f"default EAGLE-3 layers (vLLM ids) {target.default_layer_ids()}")
+print(target_line(target))
 
 # %% tags=["hide-output"]
 names = variants.sweep_variant_names(P)

@@ -32,15 +32,14 @@ import matplotlib.pyplot as plt
 from myst_nb import glue
 
 from wavesurf.book import paper, plots, tables, variants
-from wavesurf.book.notebook import open_notebook
+from wavesurf.book.notebook import open_notebook, target_line
 from wavesurf.select import selection_rows
 
 P, target = open_notebook(model, dataset, max_tokens, profile, seed, device)
 
 # %%
 # NBVAL_CHECK_OUTPUT
-print(f"{target.name}: N = {target.n_layers} blocks, d = {target.hidden_size}, "
-      f"default EAGLE-3 layers (vLLM ids) {target.default_layer_ids()}")
+print(target_line(target))
 
 # %% tags=["hide-output"]
 selection_variant = variants.selection_variant_names(P)[1]  # the profile's analysis.selection_positions

@@ -16,7 +16,7 @@ from ._version import __version__
 from .assets import CORPUS_ASSETS, DEFAULT_MODEL, EMBEDDED_MODELS
 from .consumers import FORMATS, describe_formats
 from .errors import ParameterError
-from .settings_cli import SPLIT_SEED_HELP, SettingsOptions
+from .settings_cli import SPLIT_SEED_DEFAULT, SPLIT_SEED_HELP, SettingsOptions
 from .settings_cli import positive_int as _positive_int
 
 #: The settings dataclasses each verb makes from its options: every field has an option named after
@@ -355,7 +355,8 @@ def _add_model_option(p: argparse.ArgumentParser) -> None:
 
 
 def _add_split_seed_option(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--split-seed", type=int, default=0, help=f"{SPLIT_SEED_HELP} (default 0)")
+    p.add_argument("--split-seed", type=int, default=SPLIT_SEED_DEFAULT,
+                   help=f"{SPLIT_SEED_HELP} (default {SPLIT_SEED_DEFAULT})")
 
 
 def _add_device_option(p: argparse.ArgumentParser) -> None:

@@ -35,11 +35,13 @@ def setting(default: Any = MISSING, *, help: str, choices: tuple[str, ...] | Non
 
 #: help of every ``split_seed`` (the settings that read a ShareGPT split, and the verbs without one)
 SPLIT_SEED_HELP = "seed of the ShareGPT train/stats/heldout split"
+#: the split seed every settings type and the CLI default to (wavesurf.data.load_corpus's own)
+SPLIT_SEED_DEFAULT = 0
 
 
 def split_seed_setting() -> Any:
     """The ``split_seed`` field of every settings type that reads a split (wavesurf.data.load_corpus)."""
-    return setting(0, help=SPLIT_SEED_HELP)
+    return setting(SPLIT_SEED_DEFAULT, help=SPLIT_SEED_HELP)
 
 
 def max_len_setting() -> Any:

@@ -104,3 +104,12 @@ def _build_book_from(executed: Path, project: Path) -> None:
     html = build_book(book)
     intro = (html.parent / "intro.html").read_text()
     assert "The answer in numbers" in intro and "01_entropy_depth.png" in intro
+
+
+def test_every_page_describes_its_target_in_one_line(smollm):
+    from wavesurf.book.notebook import target_line
+
+    assert target_line(smollm) == ("smollm2-135m: N = 30 blocks, d = 576, default EAGLE-3 layers (vLLM ids) "
+                                   "[2, 15, 27]")
+    pages = [s.stem for s in NOTEBOOKS if "print(target_line(target))" not in s.path.read_text()]
+    assert pages == ["04b_filtering_drafters", "04c_served_positions"], pages  # they print their own subject

@@ -367,3 +367,17 @@ def test_a_run_of_the_speed_table_without_its_drafter_notebook_is_warned_once(mo
     assert drafter_work_note(["04b_filtering_drafters", "06_speed_table"], {}, "default", "smollm2-135m") is None
     assert drafter_work_note(["06_speed_table"], {"04b_filtering_drafters": 1800.0}, "default", "smollm2-135m") is None
     assert drafter_work_note(["01_entropy_compartments"], {}, "default", "smollm2-135m") is None
+
+
+def test_reference_minutes_are_the_profiles_own_per_model_else_the_default_scaled(monkeypatch):
+    from wavesurf.book import profiles
+
+    monkeypatch.setitem(profiles.PROFILES["default"], "reference_minutes",
+                        {"smollm2-135m": {"04b_filtering_drafters": 30.0}, "gemma3-270m": {"04b_filtering_drafters": 40.0}})
+    monkeypatch.setitem(profiles.PROFILES["long"], "reference_minutes", {"smollm2-135m": {"04b_filtering_drafters": 90.0}})
+    long = profiles.get_profile("long")
+    ratio = profiles.drafter_work_seconds(long.drafter) / profiles.drafter_work_seconds(
+        profiles.get_profile("default").drafter)
+    got = profiles.scaled_reference_minutes(long)
+    assert got["smollm2-135m"] == {"04b_filtering_drafters": 90.0}  # measured with this profile: kept
+    assert abs(got["gemma3-270m"]["04b_filtering_drafters"] - 40.0 * ratio) < 1e-9  # never measured: scaled

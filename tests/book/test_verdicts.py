@@ -70,6 +70,11 @@ def test_null_percentiles_rank_a_set_among_random_sets():
                                        {"layer_set": "cka", "layer_ids": "5 9 20", **mid}]}
     text = null_sentence(null, {"level": 0.95})
     assert text.startswith("Against 8 random layer sets") and "entropy [17 22 27] at 100% (95% CI" in text
-    assert "1 of 2 rank above the middle of the null beyond the interval" in text
+    assert "1 of 2 rank above the middle of the null beyond the interval" in text and "below it" not in text
+    low = dict(mid, percentile=0.25, percentile_lo=0.125, percentile_hi=0.375)  # under every draw of the middle
+    text = null_sentence({"random_sets": 8, "rows": [{"layer_set": "cka", "layer_ids": "5 9 20", **low}]},
+                         {"level": 0.95})
+    assert text.endswith("none ranks above the middle of the null beyond its interval, and 1 of 1 rank below it "
+                         "beyond the interval (worse than a typical random set of the same size).")
     assert "too few to rank" in null_sentence({"random_sets": 1, "rows": [], "note": "1 random layer set: too few to rank "
                                                                                "the selected sets against (at least 2)"}, {})

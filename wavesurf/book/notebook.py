@@ -3,10 +3,13 @@ style, load the target. Everything else a notebook does is a call into the packa
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ParameterError, is_int
 from .profiles import Profile, get_profile
+
+if TYPE_CHECKING:
+    from ..models import Target
 
 DEVICES_HELP = "'auto', 'cpu', 'cuda' or 'cuda:N'"
 
@@ -64,4 +67,11 @@ def open_notebook(model: Any, dataset: Any, max_tokens: Any, profile: Any, seed:
     return params, load_target(params.model, device=params.device)
 
 
-__all__ = ["DEVICES_HELP", "NotebookParams", "check_parameters", "open_notebook"]
+def target_line(target: Target) -> str:
+    """The line every page prints under its parameters (an nbval-checked output): the model, its
+    depth and width, and the layers EAGLE-3 reads by default (vLLM ids)."""
+    return (f"{target.name}: N = {target.n_layers} blocks, d = {target.hidden_size}, "
+            f"default EAGLE-3 layers (vLLM ids) {target.default_layer_ids()}")
+
+
+__all__ = ["DEVICES_HELP", "NotebookParams", "check_parameters", "open_notebook", "target_line"]

@@ -148,11 +148,12 @@ PROFILES: dict[str, dict[str, Any]] = {
         # 64k -> 48k and tokens per head 160k -> 144k (the heads' tau was still rising at 160k, so
         # this costs a little tau), and tau scored at draft lengths 1-4 instead of 1-6 (the table
         # reports 4; scoring a head's held-out answers took 10.7 s instead of 16.8 s, measured on the
-        # default run's store); held-out answers 18k -> 19k as in the default. Estimate: the default's
-        # fresh-clone minutes (fused AdamW included) scaled by the budgets give 111 min of notebooks,
-        # the last long run came in 4% over such an estimate, the shorter scoring saves ~3.5 min:
-        # ~1 h 53 min with setup, not yet measured; until it is, the progress line scales the
-        # default profile's measured minutes.
+        # default run's store); held-out answers 18k -> 19k as in the default. Measured on a fresh
+        # clone of 756f820 with an empty cache (2-core Intel Xeon host, 2026-12-06): 1 h 58 min 02 s
+        # with setup, exit 0 (benchmarks/results/fresh_clone-20261206T195656.json; what it found:
+        # profile_summary-20261206T195711.json), notebook 04b (answers, stores, 33 heads, timed runs)
+        # 102.6 min of it. Its notebook minutes are the reference below (Gemma-3-270M: the default's,
+        # scaled by budgets).
         "description": "the default analysis with drafters trained on 4x the tokens per head, from 2x the target's "
                        "answers; 3 seeds for the default and primary sets, 8 random sets (under 2 hours on a "
                        "2-core CPU)",
@@ -166,6 +167,10 @@ PROFILES: dict[str, dict[str, Any]] = {
             "primary_seeds": [0, 1, 2], "null_seeds": [0], "n_random": 8, "primary": "combined",
             "curve_fractions": [0.25],
         },
+        "reference_minutes": {"smollm2-135m": {
+            "01_entropy_compartments": 4.85, "02_cka_dynamics": 0.1, "03_aggregate_entropy": 0.15,
+            "04_token_filtering": 0.12, "04b_filtering_drafters": 102.57, "04c_served_positions": 5.61,
+            "05_layer_selection": 0.35, "06_speed_table": 2.95, "07_cross_model": 0.15}},
     },
     "paper": {
         "description": "the sizes a GPU user would pick (more tokens, finer filter sweep)",
@@ -324,17 +329,16 @@ def drafter_work_seconds(drafter: dict[str, Any]) -> float:
 
 
 def scaled_reference_minutes(profile: Profile) -> dict[str, dict[str, float]]:
-    """Reference minutes for a profile that has none measured: the base profile's, scaled per
-    notebook by the ratio of the budgets that notebook's time follows (the analysis token budget,
-    or :func:`drafter_work_seconds` for :data:`DRAFTER_NOTEBOOKS`). A profile with its own
-    reference minutes keeps them. Made for the CPU that measured the base: on a GPU the ratio of
-    CPU throughputs says nothing, and callers should not use it there."""
-    if profile.reference_minutes:
-        return profile.reference_minutes
+    """Reference minutes per model: the profile's own where that model was measured with it, else
+    the base profile's, scaled per notebook by the ratio of the budgets that notebook's time
+    follows (the analysis token budget, or :func:`drafter_work_seconds` for
+    :data:`DRAFTER_NOTEBOOKS`). Made for the CPU that measured them: on a GPU the ratio of CPU
+    throughputs says nothing, and callers should not use it there."""
     base = get_profile(BASE_PROFILE)
     analysis_ratio = profile.analysis.max_tokens / base.analysis.max_tokens
     base_work = drafter_work_seconds(base.drafter)
     drafter_ratio = drafter_work_seconds(profile.drafter) / base_work if base_work else 1.0
-    return {model: {stem: minutes * (drafter_ratio if stem in DRAFTER_NOTEBOOKS else analysis_ratio)
-                    for stem, minutes in notebooks.items()}
-            for model, notebooks in base.reference_minutes.items()}
+    scaled = {model: {stem: minutes * (drafter_ratio if stem in DRAFTER_NOTEBOOKS else analysis_ratio)
+                      for stem, minutes in notebooks.items()}
+              for model, notebooks in base.reference_minutes.items()}
+    return {**scaled, **profile.reference_minutes}

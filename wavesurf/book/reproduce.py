@@ -315,13 +315,13 @@ def estimate_remaining(remaining: Sequence[str], previous: dict[str, float], pro
     :data:`PACE_MIN_REFERENCE_MINUTES` their ratio scales the remaining reference times (measured:
     the main job's notebooks took 1.4-1.7x their reference times on a slower 2-core host).
 
-    A profile without reference minutes of its own borrows the base profile's, scaled by the
+    A profile without reference minutes of its own for ``model`` borrows the base profile's, scaled by the
     ratio of the budgets (:func:`wavesurf.book.profiles.scaled_reference_minutes`), but only ``on_cpu``:
     CPU throughputs say nothing about a GPU run, which then reads "unknown" until it has a
     previous run."""
     spec = get_profile(profile)
     refs = spec.reference_minutes
-    scaled = not refs and on_cpu
+    scaled = model not in refs and on_cpu and spec.name != BASE_PROFILE
     if scaled:
         refs = scaled_reference_minutes(spec)
     ref = refs.get(model) or refs.get("smollm2-135m") or {}

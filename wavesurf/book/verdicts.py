@@ -143,8 +143,12 @@ def null_sentence(null: dict[str, Any], info: dict[str, Any]) -> str:
     rows = sorted(null["rows"], key=lambda r: -r["percentile"])
     parts = [f"{r['layer_set']} [{r['layer_ids']}] at {100 * r['percentile']:.0f}% ({level}% CI "
              f"{100 * r['percentile_lo']:.0f}–{100 * r['percentile_hi']:.0f}%)" for r in rows]
-    clear = [r for r in rows if r["percentile_lo"] > 0.5]
-    tail = (f"; {len(clear)} of {len(rows)} rank above the middle of the null beyond the interval" if clear else
+    above = [r for r in rows if r["percentile_lo"] > 0.5]
+    below = [r for r in rows if r["percentile_hi"] < 0.5]
+    tail = (f"; {len(above)} of {len(rows)} rank above the middle of the null beyond the interval" if above else
             "; none ranks above the middle of the null beyond its interval")
+    if below:  # worse than a typical random set of the same size: the criterion picked against τ
+        tail += (f", and {len(below)} of {len(rows)} rank below it beyond the interval (worse than a typical "
+                 "random set of the same size)")
     return (f"Against {null['random_sets']} random layer sets (the null; each selected set's share of random sets "
             f"it beats, sequences and seeds resampled): " + "; ".join(parts) + tail + ".")
