@@ -143,11 +143,13 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
 
         def clock(step: int, record: dict) -> None:
             if step == args.warmup:
-                marks["t0"] = time.perf_counter()
-            marks["t1"] = time.perf_counter()
+                marks["t0"], marks["tok0"] = time.perf_counter(), record["tokens"]
+            marks["t1"], marks["tok1"] = time.perf_counter(), record["tokens"]
 
         train_drafter(target, store, layers, settings, work / "plain", progress=False, callback=clock)
         plain_ms = 1000 * (marks["t1"] - marks["t0"]) / args.steps
+        # real (unpadded) tokens per step: a batch below one conversation's length holds one conversation
+        tokens_per_step = (marks["tok1"] - marks["tok0"]) / args.steps
 
         with profile(activities=[ProfilerActivity.CPU], record_shapes=True,
                      schedule=schedule(wait=0, warmup=args.warmup, active=args.steps, repeat=1)) as prof:
@@ -198,7 +200,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "model": args.model, "layers": layers, "config": args.config, **CONFIGS[args.config], **COMMON,
         "steps": args.steps, "warmup": args.warmup, "store_tokens": args.store_tokens,
-        "tokens_per_step": settings.batch_tokens,
+        "tokens_per_step": round(tokens_per_step, 1), "plain_tok_per_s": round(1000 * tokens_per_step / plain_ms, 1),
         "plain_ms_per_step": round(plain_ms, 2), "profiled_ms_per_step": round(profiled_ms, 2),
         "self_time_ms_per_step": round(total_ms, 2),
         "gemm_ms_per_step": round(gemm_ms, 2), "readout_gemm_ms_per_step": round(readout_ms, 2),
