@@ -23,8 +23,9 @@ the step's GEMM time at the speed this CPU reaches for those shapes. The result'
 * ``if_gemm_alone_speed``: profiled step / isolated GEMM time: the same with each product also at
   its hot-loop speed.
 
-Equal settings fix the shapes (128-token batches, 576-wide SmolLM2 head, 4,096-token draft
-vocabulary), so a speed-up past these bounds needs fewer operations, not faster ones.
+Equal settings fix the shapes (the 128-token batch setting, which holds one conversation per
+step; the 576-wide SmolLM2 head; the 4,096-token draft vocabulary), so a speed-up past these
+bounds needs fewer operations, not faster ones.
 
     python benchmarks/train_profile.py [--threads 2] [--config default] [--steps 20]
 
@@ -48,7 +49,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
-from train_throughput import COMMON, CONFIGS, feature_store  # noqa: E402
+from train_throughput import COMMON, CONFIGS, bench_settings, feature_store, step_clock  # noqa: E402
 
 GEMM_OPS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_addmm_activation"}
 SOFTMAX_LOSS = ("softmax", "_softmax", "log_softmax", "_log_softmax", "nll_loss", "cross_entropy", "logsumexp")
@@ -128,7 +129,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     import torch
     from torch.profiler import ProfilerActivity, profile, schedule
 
-    from wavesurf.drafter.train import TrainSettings, train_drafter
+    from wavesurf.drafter.train import train_drafter
     from wavesurf.models import configure_torch, load_target
 
     configure_torch()
@@ -137,14 +138,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="wavesurf-train-profile-"))
     try:
         store = feature_store(target, layers, args.store_tokens, work / "store")
-        settings = TrainSettings(**COMMON, **CONFIGS[args.config], max_steps=args.warmup + args.steps,
-                                 checkpoint_every=10**6, log_every=1)
-        marks: dict[str, float] = {}
-
-        def clock(step: int, record: dict) -> None:
-            if step == args.warmup:
-                marks["t0"], marks["tok0"] = time.perf_counter(), record["tokens"]
-            marks["t1"], marks["tok1"] = time.perf_counter(), record["tokens"]
+        settings = bench_settings(args.config, args.steps, args.warmup)
+        clock, marks = step_clock(args.warmup)
 
         train_drafter(target, store, layers, settings, work / "plain", progress=False, callback=clock)
         plain_ms = 1000 * (marks["t1"] - marks["t0"]) / args.steps

@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 from statistics import median
-from typing import Any
+from typing import Any, Callable
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 ROOT = Path(__file__).resolve().parent.parent
@@ -49,28 +49,42 @@ def feature_store(target: Any, layers: list[int], tokens: int, path: Path) -> An
                                path=path, progress=False)
 
 
+def bench_settings(config: str, steps: int, warmup: int) -> Any:
+    """The ``TrainSettings`` of one measurement: ``config`` over :data:`COMMON`, ``warmup + steps``
+    optimizer steps, no checkpoints; log_every=1, so every step's record carries the real tokens so
+    far (batches come in one seeded order, so every run times the same batches)."""
+    from wavesurf.drafter.train import TrainSettings
+
+    return TrainSettings(**COMMON, **CONFIGS[config], max_steps=warmup + steps, checkpoint_every=10**6, log_every=1)
+
+
+def step_clock(warmup: int) -> tuple[Callable[[int, dict], None], dict[str, float]]:
+    """A ``train_drafter`` callback and the marks it fills: time and real tokens at the end of step
+    ``warmup`` (``t0``, ``tok0``) and of the latest step (``t1``, ``tok1``)."""
+    marks: dict[str, float] = {}
+
+    def clock(step: int, record: dict) -> None:
+        if step == warmup:
+            marks["t0"], marks["tok0"] = time.perf_counter(), record["tokens"]
+        marks["t1"], marks["tok1"] = time.perf_counter(), record["tokens"]
+
+    return clock, marks
+
+
 def worker(args: argparse.Namespace) -> None:
     """One measurement in this process: tokens/s over ``steps`` optimizer steps after ``warmup``."""
     import torch
 
     from wavesurf.drafter.features import FeatureStore
-    from wavesurf.drafter.train import TrainSettings, train_drafter
+    from wavesurf.drafter.train import train_drafter
     from wavesurf.models import configure_torch, load_target
 
     configure_torch()
     target = load_target(args.model)
     store = FeatureStore(args.store)
     layers = [int(x) for x in args.layers.split(",")]
-    # log_every=1: every step's record carries the real tokens so far (batches come in one seeded
-    # order, so both checkouts time the same batches)
-    settings = TrainSettings(**COMMON, **CONFIGS[args.config], max_steps=args.warmup + args.steps,
-                             checkpoint_every=10**6, log_every=1)
-    timed: dict[str, float] = {}
-
-    def clock(step: int, record: dict) -> None:
-        if step == args.warmup:
-            timed["t0"], timed["tok0"] = time.perf_counter(), record["tokens"]
-        timed["t1"], timed["tok1"] = time.perf_counter(), record["tokens"]
+    settings = bench_settings(args.config, args.steps, args.warmup)
+    clock, timed = step_clock(args.warmup)
 
     out = Path(tempfile.mkdtemp(prefix="wavesurf-train-bench-run-"))
     try:
