@@ -1,7 +1,9 @@
 """Where the time of one drafter training step goes, and how much faster it could get on this CPU.
 
-Issue 30 asks for head training at >= 1.5x the tokens/s of 111d6ab at equal settings; fused AdamW
-got 1.07x (``train_throughput.py``). This script says what bounds the rest. It trains a head on a
+Issue 30 asks for head training at >= 1.5x the tokens/s of 111d6ab at equal settings; fused AdamW,
+then fewer operations per unrolled step (shared norm and rotary tables, grouped-query attention
+without repeated keys, one readout for all steps) got 1.22x at 2 threads and 1.27x at 1
+(``train_throughput.py``). This script says what bounds the rest. It trains a head on a
 small feature store (the same ``train_drafter`` call as ``train_throughput.py``), first unprofiled
 (milliseconds per optimizer step), then under ``torch.profiler`` for ``--steps`` steps, and splits
 the operators' own (self) CPU time into:

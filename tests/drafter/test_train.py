@@ -372,3 +372,22 @@ def test_fused_adamw_on_this_device_makes_the_per_tensor_update():
         assert not torch.equal(final[fused][0], start[0])  # it moved
     for a, b in zip(final[False], final[True]):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
+def test_autocast_once_gives_every_linear_the_input_autocast_would(smollm, tiny_store):
+    """The block casts an input that several linears read once under autocast (q/k/v, gate/up):
+    each linear must compute exactly what autocast's own per-call cast gives; without autocast
+    the input passes unchanged."""
+    from wavesurf.drafter.head import _autocast_once
+
+    head, _ = _head(smollm, tiny_store)
+    layer = head.midlayer
+    x = torch.randn(2, 7, 2 * head.config.hidden_size) * 3
+    y = torch.randn(2, 7, head.config.hidden_size) * 3
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        once_x, once_y = _autocast_once(x), _autocast_once(y)
+        assert once_x.dtype == torch.bfloat16
+        for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+            assert torch.equal(proj(once_x), proj(x))
+        assert torch.equal(layer.mlp(once_y), layer.mlp(y))
+    assert _autocast_once(x) is x

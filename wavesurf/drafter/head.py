@@ -194,14 +194,30 @@ def rope_frequencies(head_dim: int, theta: float, device: Any = None, dtype: Any
     return 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device, dtype=dtype) / head_dim))
 
 
-def rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
-    """Rotary embedding (rotate-half form) of ``x`` [B, h, T, hd] at ``positions`` [B, T]."""
-    hd = x.shape[-1]
-    inv = rope_frequencies(hd, theta, x.device)
+#: rotary tables ``(cos, sin)``, float32 [B, 1, T, hd], of some positions (:func:`rope_tables`)
+Rotary = tuple[torch.Tensor, torch.Tensor]
+
+
+def rope_tables(positions: torch.Tensor, head_dim: int, theta: float) -> Rotary:
+    """cos and sin of every rotary angle at ``positions`` [B, T]: float32 [B, 1, T, head_dim]
+    (rotate-half layout, each half repeated). Computed once, they serve every call of
+    :func:`apply_rope` at those positions (training-time test slices one table per unroll)."""
+    inv = rope_frequencies(head_dim, theta, positions.device)
     ang = positions.to(torch.float32)[:, None, :, None] * inv  # [B, 1, T, hd/2]
-    cos, sin = torch.cat([ang.cos(), ang.cos()], -1).to(x.dtype), torch.cat([ang.sin(), ang.sin()], -1).to(x.dtype)
+    return torch.cat([ang.cos(), ang.cos()], -1), torch.cat([ang.sin(), ang.sin()], -1)
+
+
+def apply_rope(x: torch.Tensor, rotary: Rotary) -> torch.Tensor:
+    """Rotary embedding (rotate-half form) of ``x`` [B, h, T, hd] with tables from :func:`rope_tables`."""
+    hd = x.shape[-1]
+    cos, sin = rotary[0].to(x.dtype), rotary[1].to(x.dtype)
     x1, x2 = x[..., : hd // 2], x[..., hd // 2 :]
     return x * cos + torch.cat([-x2, x1], -1) * sin
+
+
+def rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
+    """Rotary embedding (rotate-half form) of ``x`` [B, h, T, hd] at ``positions`` [B, T]."""
+    return apply_rope(x, rope_tables(positions, x.shape[-1], theta))
 
 
 class Attention(nn.Module):
@@ -213,14 +229,14 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(2 * c.hidden_size, c.num_key_value_heads * c.head_dim, bias=False)
         self.o_proj = nn.Linear(c.num_attention_heads * c.head_dim, c.hidden_size, bias=False)
 
-    def project(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """q [B, h, T, hd], k and v [B, h_kv, T, hd], rotary applied to q and k."""
+    def project(self, x: torch.Tensor, rotary: Rotary) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q [B, h, T, hd], k and v [B, h_kv, T, hd], rotary (tables of x's positions) applied to q and k."""
         b, t, _ = x.shape
         c = self.c
         q = self.q_proj(x).view(b, t, c.num_attention_heads, c.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(b, t, c.num_key_value_heads, c.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(b, t, c.num_key_value_heads, c.head_dim).transpose(1, 2)
-        return rope(q, positions, c.rope_theta), rope(k, positions, c.rope_theta), v
+        return apply_rope(q, rotary), apply_rope(k, rotary), v
 
     def _per_head(self, x: torch.Tensor) -> torch.Tensor:
         """k or v [B, h_kv, S, hd] repeated to the query heads (grouped-query attention)."""
@@ -243,19 +259,29 @@ class Attention(nn.Module):
         over the concatenated keys with the causal-plus-diagonals mask, without the masked-out
         (j+1)T x T blocks: the diagonal keys are one score per position. Right-padded batches need no
         padding mask (a real query's causal keys are real). Softmax in float32 at least. Returns [B, T, H]."""
-        t = q.shape[2]
-        scale = self.c.head_dim ** -0.5
-        scores = (q @ self._per_head(keys[0]).transpose(-1, -2)) * scale  # [B, h, T, T]
-        causal = torch.ones(t, t, dtype=torch.bool, device=q.device).tril()
-        scores = scores.masked_fill(~causal, float("-inf"))
-        if len(keys) > 1:
-            diagonal = torch.stack([(q * self._per_head(k)).sum(-1) for k in keys[1:]], dim=-1) * scale  # [B, h, T, j]
+        b, h, t, hd = q.shape
+        kv = self.c.num_key_value_heads
+        rep = h // kv
+        # grouped-query attention without repeating keys and values: query head i reads key head
+        # i // rep, so the rep query heads of one key head are stacked along T ([B * h_kv, rep * T, hd])
+        q = (q * self.c.head_dim ** -0.5).unflatten(1, (kv, rep))  # scaled first: T x hd numbers, not T x T
+        # the causal mask as an additive bias of the product (one fused op, none on the gradient)
+        future = torch.ones(t, t, dtype=torch.bool, device=q.device).triu(1)
+        bias = torch.zeros(t, t, dtype=q.dtype, device=q.device).masked_fill_(future, float("-inf")).repeat(rep, 1)
+        scores = torch.baddbmm(bias, q.reshape(b * kv, rep * t, hd),
+                               keys[0].reshape(b * kv, t, hd).transpose(-1, -2)).view(b, h, t, t)
+        if len(keys) > 1:  # one score per position for each later step's key: [B, h, T, j]
+            diagonal = torch.stack([(q * k[:, :, None]).sum(-1).flatten(1, 2) for k in keys[1:]], dim=-1)
             scores = torch.cat([scores, diagonal.to(scores.dtype)], dim=-1)
         wide = torch.promote_types(scores.dtype, torch.float32)  # at least float32
-        probs = torch.softmax(scores, dim=-1, dtype=wide).to(q.dtype)
-        out = probs[..., :t] @ self._per_head(values[0])
+        # split, not sliced: its backward joins the parts' gradients in one op, where each slice
+        # would fill a zero gradient of the whole [B, h, T, T + j]; each part is cast on its own,
+        # so the causal block reaches its product contiguous
+        causal_probs, diagonal_probs = torch.softmax(scores, dim=-1, dtype=wide).split([t, len(keys) - 1], dim=-1)
+        out = (causal_probs.to(q.dtype).reshape(b * kv, rep * t, t) @ values[0].reshape(b * kv, t, hd)).view(b, h, t, hd)
+        weights = diagonal_probs.to(q.dtype).unflatten(1, (kv, rep))  # [B, h_kv, rep, T, j]
         for i, v in enumerate(values[1:]):
-            out = out + probs[..., t + i, None] * self._per_head(v)
+            out = out + (weights[..., i, None] * v[:, :, None]).flatten(1, 2)
         return self._out(out)
 
 
@@ -380,25 +406,29 @@ class DraftHead(nn.Module):
             values = v if past_v is None else torch.cat([past_v, v], dim=2)
             return self.midlayer.self_attn.attend(q, keys, values, mask)
 
-        return self._block(hidden, embeds, positions, attend, with_logits)
+        rotary = rope_tables(positions, self.config.head_dim, self.config.rope_theta)
+        return self._block(hidden, self.midlayer.input_layernorm(embeds), rotary, attend, with_logits)
 
-    def step_ttt(self, hidden: torch.Tensor, embeds: torch.Tensor, positions: torch.Tensor,
+    def step_ttt(self, hidden: torch.Tensor, normed_embeds: torch.Tensor, rotary: Rotary,
                  keys: list[torch.Tensor], values: list[torch.Tensor], with_logits: bool = True) -> DraftStep:
         """Training-time-test step j = len(keys) over every position at once: :meth:`step` with the
         causal-plus-diagonals mask, computed by :meth:`Attention.attend_ttt`. ``keys``/``values``:
-        the keys of steps 0..j-1 (empty for step 0); this step's own are appended."""
+        the keys of steps 0..j-1 (empty for step 0); this step's own are appended. The unroll
+        computes what every step shares once: ``normed_embeds`` is ``midlayer.input_layernorm`` of
+        the embeddings (a per-position norm, so shifting the normed embeddings equals norming the
+        shifted ones) and ``rotary`` the tables of this step's positions (:func:`rope_tables`)."""
         def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
             return self.midlayer.self_attn.attend_ttt(q, [*keys, k], [*values, v])
 
-        return self._block(hidden, embeds, positions, attend, with_logits)
+        return self._block(hidden, normed_embeds, rotary, attend, with_logits)
 
-    def _block(self, hidden: torch.Tensor, embeds: torch.Tensor, positions: torch.Tensor, attend: Any,
+    def _block(self, hidden: torch.Tensor, normed_embeds: torch.Tensor, rotary: Rotary, attend: Any,
                with_logits: bool) -> DraftStep:
         layer = self.midlayer
-        x = torch.cat([layer.input_layernorm(embeds), layer.hidden_norm(hidden)], dim=-1)
-        q, k, v = layer.self_attn.project(x, positions)
+        x = _autocast_once(torch.cat([normed_embeds, layer.hidden_norm(hidden)], dim=-1))
+        q, k, v = layer.self_attn.project(x, rotary)
         h1 = hidden + attend(q, k, v)
-        h2 = h1 + layer.mlp(layer.post_attention_layernorm(h1))
+        h2 = h1 + layer.mlp(_autocast_once(layer.post_attention_layernorm(h1)))
         return DraftStep(h2, self.readout(h2) if with_logits else None, k, v)
 
     def readout(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -407,6 +437,14 @@ class DraftHead(nn.Module):
 
     def n_trainable(self) -> int:
         return sum(p.numel() for p in self.parameters() if p.requires_grad)
+
+
+def _autocast_once(x: torch.Tensor) -> torch.Tensor:
+    """``x`` in autocast's dtype when autocast is on, else as it is. For an input that several
+    linears read (q/k/v, gate/up): autocast would cast it once per linear, forward and backward;
+    cast once, every linear sees the same values."""
+    device = x.device.type
+    return x.to(torch.get_autocast_dtype(device)) if torch.is_autocast_enabled(device) else x
 
 
 def causal_mask(t: int, device: Any = None) -> torch.Tensor:
@@ -441,7 +479,7 @@ def head_fingerprint(head: "DraftHead") -> str:
 
 __all__ = [
     "DraftConfig", "DraftHead", "DraftStep", "DrafterError", "check_draft_layer_ids", "causal_mask",
-    "head_fingerprint", "init_head", "rope", "rope_frequencies", "save_head", "load_head",
+    "head_fingerprint", "init_head", "rope", "rope_frequencies", "rope_tables", "apply_rope", "save_head", "load_head",
 ]
 
 

@@ -256,19 +256,26 @@ def ttt_unroll(head: DraftHead, features: Any, embeds: Any, attention_mask: Any,
     under autocast (``TrainSettings.fc_precision``; without autocast, as scoring runs, the same)."""
     import torch
 
+    from .head import rope_tables
+
     b, t = attention_mask.shape
-    positions = torch.arange(t, device=attention_mask.device)[None].expand(b, t)
     hidden = head.fuse(features, float32=fc_float32)
+    if embeds.dtype != hidden.dtype and not torch.is_autocast_enabled(embeds.device.type):
+        embeds = embeds.to(hidden.dtype)  # a head kept in another dtype than the target's embedding (scoring)
+    # shared by every step: the normed embeddings (step j reads them shifted by 1 + j) and the
+    # rotary tables of positions 0..t-1+steps (step j reads positions j..j+t-1)
+    normed = head.midlayer.input_layernorm(embeds)
+    cos, sin = rope_tables(torch.arange(t + steps, device=attention_mask.device)[None], head.config.head_dim,
+                           head.config.rope_theta)
     keys: list[Any] = []
     values: list[Any] = []
     for j in range(steps):
         if t - 1 - j <= 0:
             return
-        e = torch.zeros_like(embeds)
-        e[:, : t - 1 - j] = embeds[:, 1 + j:]
-        if e.dtype != hidden.dtype and not torch.is_autocast_enabled(e.device.type):
-            e = e.to(hidden.dtype)  # a head kept in another dtype than the target's embedding (scoring)
-        out = head.step_ttt(hidden, e, positions + j, keys, values, with_logits=with_logits)
+        e = torch.zeros_like(normed)
+        e[:, : t - 1 - j] = normed[:, 1 + j:]
+        out = head.step_ttt(hidden, e, (cos[:, :, j:j + t], sin[:, :, j:j + t]), keys, values,
+                            with_logits=with_logits)
         yield j, out
         hidden = out.hidden
         keys.append(out.k)
@@ -318,24 +325,38 @@ def ttt_forward(
         draft_index = torch.cumsum(head.t2d.long(), 0) - 1  # draft ids ascend with target ids
         t_arg = draft_index[batch["target_argmax"][rows, label_pos]]
 
-    total = embeds.new_zeros(())
-    sums = torch.zeros(3, ttt_steps, dtype=torch.float64)
-    kept_logits = []
+    drafted, labels, counts, kept_logits = [], [], [], []
     for j, out in ttt_unroll(head, batch["features"], embeds, attn, ttt_steps, with_logits=keep_logits,
                              fc_float32=fc_float32):
         n = t - 2 - j  # positions t with a token x_{t+2+j} to predict
         if n <= 0:
             break
-        here = label_pos >= 1 + j  # label positions with a draft position t = p-1-j >= 0
-        logits = head.readout(out.hidden[rows[here], label_pos[here] - 1 - j]).float()  # [M_j, V_d]
-        n_count = here.sum().to(logits.dtype)
-        ce = F.cross_entropy(logits, t_prob[here], reduction="sum")  # soft labels
-        total = total + step_weight**j * ce / n_count.clamp(min=1.0)
-        with torch.no_grad():
-            correct = (logits.argmax(-1) == t_arg[here]).sum()
-            sums[:, j] = torch.stack([ce.detach(), correct.to(ce.dtype), n_count]).double().cpu()
+        here = (label_pos >= 1 + j).nonzero(as_tuple=True)[0]  # label positions with a draft position t = p-1-j >= 0
+        drafted.append(out.hidden[rows[here], label_pos[here] - 1 - j])  # [M_j, H]
+        labels.append(here)
+        counts.append(len(here))
         if keep_logits:
             kept_logits.append(out.logits[:, :n].detach())
+    # one readout and one loss over every step's counted rows: the steps share lm_head, so one
+    # product (and one gradient of its weight) instead of one per step
+    steps = len(counts)
+    sums = torch.zeros(3, ttt_steps, dtype=torch.float64)
+    if not steps:  # a batch too short to draft anything
+        return TTTOutput(embeds.new_zeros(()), sums[0], sums[1], sums[2], kept_logits if keep_logits else None)
+    labels_all = torch.cat(labels)
+    logits = head.readout(torch.cat(drafted)).float()  # [sum_j M_j, V_d]
+    ce = F.cross_entropy(logits, t_prob[labels_all], reduction="none")  # soft labels, per row
+    step_of_row = torch.repeat_interleave(torch.arange(steps), torch.tensor(counts)).to(ce.device)
+    n_count = torch.tensor(counts, dtype=ce.dtype, device=ce.device)
+    row_weight = (step_weight ** torch.arange(steps, dtype=ce.dtype, device=ce.device) / n_count.clamp(min=1.0))
+    total = (ce * row_weight[step_of_row]).sum()
+    with torch.no_grad():
+        correct = (logits.argmax(-1) == t_arg[labels_all]).to(ce.dtype)
+        per_step = torch.zeros(2, steps, dtype=ce.dtype, device=ce.device)
+        per_step[0].index_add_(0, step_of_row, ce.detach())
+        per_step[1].index_add_(0, step_of_row, correct)
+        sums[:2, :steps] = per_step.double().cpu()
+        sums[2, :steps] = n_count.double().cpu()
     return TTTOutput(total, sums[0], sums[1], sums[2], kept_logits if keep_logits else None)
 
 
