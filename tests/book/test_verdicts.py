@@ -78,3 +78,7 @@ def test_null_percentiles_rank_a_set_among_random_sets():
                          "beyond the interval (worse than a typical random set of the same size).")
     assert "too few to rank" in null_sentence({"random_sets": 1, "rows": [], "note": "1 random layer set: too few to rank "
                                                                                "the selected sets against (at least 2)"}, {})
+    # heads that do not beat their floors: the ranks are printed, led by a note that they are not evidence
+    cannot = {"level": 0.95, "can_rank": {"ok": False, "bigram": {"beaten": False}}}
+    assert null_sentence(null, cannot).startswith("Not evidence either way, since the heads do not beat their floors")
+    assert null_sentence(null, {"level": 0.95, "can_rank": {"ok": True}}).startswith("Against 8 random layer sets")

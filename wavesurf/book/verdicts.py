@@ -133,8 +133,21 @@ def lookup_sentence(summary: Sequence[dict[str, Any]], info: dict[str, Any]) -> 
     return text + f"; drafting this way no set differs from the default beyond its {kind} interval (largest: {fmt})."
 
 
+def not_evidence_note(info: dict[str, Any]) -> str:
+    """The lead-in of any sentence that orders layer sets by their heads' τ (the null ranks, the
+    criteria's correlations) when the table cannot rank: the default set's heads do not beat the
+    bigram floor or the embedding-only control, so differences between sets are not about layers.
+    Empty when they beat both (or the table has no such check)."""
+    rank = info.get("can_rank") or {}
+    if not rank or rank.get("ok"):
+        return ""
+    return ("Not evidence either way, since the heads do not beat their floors at this budget (the verdict "
+            "above): ")
+
+
 def null_sentence(null: dict[str, Any], info: dict[str, Any]) -> str:
-    """The selected sets ranked in the null of random layer sets, in one sentence."""
+    """The selected sets ranked in the null of random layer sets, in one sentence (led by
+    :func:`not_evidence_note` when the table cannot rank)."""
     if not null:
         return ""
     if null.get("note"):
@@ -150,5 +163,5 @@ def null_sentence(null: dict[str, Any], info: dict[str, Any]) -> str:
     if below:  # worse than a typical random set of the same size: the criterion picked against τ
         tail += (f", and {len(below)} of {len(rows)} rank below it beyond the interval (worse than a typical "
                  "random set of the same size)")
-    return (f"Against {null['random_sets']} random layer sets (the null; each selected set's share of random sets "
-            f"it beats, sequences and seeds resampled): " + "; ".join(parts) + tail + ".")
+    return (not_evidence_note(info) + f"Against {null['random_sets']} random layer sets (the null; each selected "
+            f"set's share of random sets it beats, sequences and seeds resampled): " + "; ".join(parts) + tail + ".")
