@@ -18,6 +18,8 @@ from pathlib import Path
 
 from _common import write_result
 
+from wavesurf.book.reproduce import ACROSS_DIR
+
 
 def rows(path: Path) -> list[dict[str, str]]:
     if not path.is_file():
@@ -45,9 +47,14 @@ def main(argv: list[str] | None = None) -> int:
             "diff_unadj_lo", "diff_unadj_hi", "verdict", "lookup_tau", "lookup_diff", "lookup_diff_lo",
             "lookup_diff_hi", "rescue", "rescue_lo", "rescue_hi")
     run = json.loads((args.results / "run.json").read_text()) if (args.results / "run.json").is_file() else {}
+    seconds = {k: v.get("seconds") for k, v in run.get("notebooks", {}).items()}
+    # the across-models notebooks (07) record their time in book/across-models/run.json
+    across = args.results.parent.parent / ACROSS_DIR / "run.json"
+    if across.is_file():
+        seconds.update({k: v.get("seconds") for k, v in json.loads(across.read_text()).get("notebooks", {}).items()})
     payload = {
         "profile": args.profile, "cloned_commit": args.cloned_commit, "results": str(args.results),
-        "model": run.get("model"), "notebook_seconds": {k: v.get("seconds") for k, v in run.get("notebooks", {}).items()},
+        "model": run.get("model"), "notebook_seconds": seconds,
         "speed_table": [{k: num(r.get(k, "")) for k in keep} for r in summary],
         "criteria": [{k: num(v) for k, v in r.items()} for r in rows(tables / "06_criteria.csv")],
         "curve": [{k: num(v) for k, v in r.items()} for r in rows(tables / "06_tau_vs_tokens.csv")],
