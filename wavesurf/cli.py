@@ -6,6 +6,7 @@ settings dataclass (:mod:`wavesurf.settings_cli`), so what remains per verb is w
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import os
 import sys
@@ -162,6 +163,10 @@ def _run_analysis(args: argparse.Namespace, k: int | None = None):
 
 
 def cmd_analyze(args: argparse.Namespace) -> int:
+    """One pass over a corpus: matrix entropy (nats) of every layer id 0..N, the (N+1)x(N+1) linear
+    CKA matrix and depth compartments, on statistics positions (no padding, no position 0),
+    optionally token-entropy filtered with a random control of the same size. Results are cached by
+    every parameter; prints a summary."""
     target, stats = _run_analysis(args)
     main = stats.main
     summary = {
@@ -187,6 +192,8 @@ def cmd_analyze(args: argparse.Namespace) -> int:
 
 
 def cmd_select(args: argparse.Namespace) -> int:
+    """Pick k target layers for an EAGLE-3 drafter from the (cached) statistics. Prints JSON
+    {"layer_ids": [...], "convention": "vllm", "sglang_layer_ids": [...], "method", "scores", "reason"}."""
     from .select import check_method, select_layers, selection_recurrence
 
     check_method(args.method)  # before the (slow) analysis
@@ -268,6 +275,12 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    """Train an EAGLE-3 draft head that reads --layers (vLLM ids) of the target. The target runs
+    once over --max-train-tokens tokens of the training split into a feature store (cached; by
+    default every layer, so other layer sets reuse it), then the head trains with training-time test
+    (--ttt-steps unrolled steps, loss weight 0.8^j) over a --draft-vocab most-frequent-token
+    vocabulary. Checkpoints let an interrupted run resume. Data parallel: `accelerate launch
+    --num_processes P -m wavesurf.cli train ...`. Prints a JSON summary."""
     from .data import base_corpus
     from .drafter.train import train_from_features
 
@@ -330,6 +343,11 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    """Speculative decoding with a drafter vs HF generate (greedy reference), our plain KV-cached
+    loop and HF prompt-lookup decoding, batch size 1, methods interleaved per prompt, warm-up
+    excluded. tau = tokens / target forwards after the prefill (bonus token counted); speedup = mean
+    tokens/s / mean tokens/s of HF greedy; at T=0 each output is checked against HF greedy
+    (lossless). Writes rows.csv + summary.json to the results cache and prints the summary."""
     from .bench import run_bench, untrained_head
 
     settings = BENCH_OPTIONS.build(args)  # bad options fail here, before the model loads
@@ -433,11 +451,11 @@ class _Verbs(argparse._SubParsersAction):
         super().__call__(parser, namespace, values, option_string)
 
 
-def _settings_verb(sub: Any, verb: str, func: Any, add_options: Any, help: str, description: str
-                   ) -> argparse.ArgumentParser:
+def _settings_verb(sub: Any, verb: str, func: Any, add_options: Any, help: str) -> argparse.ArgumentParser:
     """One verb whose options come from a settings type: ``add_options(p)`` runs only when the verb
-    is used (:func:`complete_verb`), so ``wavesurf <other verb>`` does not import what it reads."""
-    p = sub.add_parser(verb, help=help, description=description)
+    is used (:func:`complete_verb`), so ``wavesurf <other verb>`` does not import what it reads. The
+    verb's description is its command function's docstring (one home for what the verb does)."""
+    p = sub.add_parser(verb, help=help, description=inspect.cleandoc(func.__doc__ or help))
     p.set_defaults(func=func, _add_options=add_options)
     return p
 
@@ -495,17 +513,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_capture)
 
     _settings_verb(sub, "analyze", cmd_analyze, _add_analysis_options,
-                   help="matrix entropy, CKA and compartments of every layer",
-                   description="One pass over a corpus: matrix entropy (nats) of every layer id 0..N, the "
-                               "(N+1)x(N+1) linear CKA matrix and depth compartments, on statistics positions "
-                               "(no padding, no position 0), optionally token-entropy filtered with a random "
-                               "control of the same size. Results are cached by every parameter; prints a summary.")
+                   help="matrix entropy, CKA and compartments of every layer")
 
     p = _settings_verb(sub, "select", cmd_select, _add_select_options,
-                       help="which k layers an EAGLE-3 drafter should read",
-                       description="Pick k target layers for an EAGLE-3 drafter from the (cached) statistics. Prints "
-                                   'JSON {"layer_ids": [...], "convention": "vllm", "sglang_layer_ids": [...], '
-                                   '"method", "scores", "reason"}.')
+                       help="which k layers an EAGLE-3 drafter should read")
     p.add_argument("--k", type=int, default=3, help="number of layers (1..N+1, default 3)")
     p.add_argument("--method", default="combined",
                    help="default ([2, N//2, N-3]), entropy (top-k S1), entropy-spaced (heuristic), aggregate, "
@@ -609,23 +620,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_export)
 
     _settings_verb(sub, "train", cmd_train, _add_train_options,
-                   help="train an EAGLE-3 drafter on chosen target layers",
-                   description="Train an EAGLE-3 draft head that reads --layers (vLLM ids) of the target. The "
-                               "target runs once over --max-train-tokens tokens of the training split into a "
-                               "feature store (cached; by default every layer, so other layer sets reuse it), "
-                               "then the head trains with training-time test (--ttt-steps unrolled steps, loss "
-                               "weight 0.8^j) over a --draft-vocab most-frequent-token vocabulary. Checkpoints "
-                               "let an interrupted run resume. Data parallel: `accelerate launch "
-                               "--num_processes P -m wavesurf.cli train ...`. Prints a JSON summary.")
+                   help="train an EAGLE-3 drafter on chosen target layers")
 
     _settings_verb(sub, "bench", cmd_bench, _add_bench_options,
-                   help="acceptance length and speedup of a drafter against baselines",
-                   description="Speculative decoding with a drafter vs HF generate (greedy reference), our plain "
-                               "KV-cached loop and HF prompt-lookup decoding, batch size 1, methods interleaved per "
-                               "prompt, warm-up excluded. tau = tokens / target forwards after the prefill (bonus "
-                               "token counted); speedup = mean tokens/s / mean tokens/s of HF greedy; at T=0 each "
-                               "output is checked against HF greedy (lossless). Writes rows.csv + summary.json to "
-                               "the results cache and prints the summary.")
+                   help="acceptance length and speedup of a drafter against baselines")
     return parser
 
 
