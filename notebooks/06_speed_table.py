@@ -49,7 +49,7 @@ from myst_nb import glue
 
 from wavesurf.book import paper, plots, tables, variants
 from wavesurf.book.notebook import open_notebook, target_line
-from wavesurf.book.verdicts import not_evidence_note, seeds_clause
+from wavesurf.book.verdicts import not_evidence_note, question_answer, seeds_clause
 
 P, target = open_notebook(model, dataset, max_tokens, profile, seed, device)
 
@@ -299,8 +299,9 @@ paper.write_csv(criteria_rows, "tables/06_criteria.csv")
 paper.write_csv([{"layer_set": s.name, "layer_ids": " ".join(map(str, s.layer_ids)), "tau": table.row(s.name)["tau"],
                   **{k: round(v, 5) for k, v in c.items()}} for s, c in zip(trained, criteria)],
                 "tables/06_criteria_by_set.csv")
-glue("criteria_sentence", not_evidence_note(table.info) + criteria_sentence(criteria_rows, table.info["level"]),
-     display=False)
+criteria_text = criteria_sentence(criteria_rows, table.info["level"])
+glue("criteria_sentence", not_evidence_note(table.info) + criteria_text, display=False)
+glue("question_answer", question_answer(table.info, criteria_text), display=False)  # the introduction's line
 glue("criteria_caveat", f"A correlation over {len(trained)} layer sets is rough whatever its sign"
      + ("; the heads clear both floors here (above), so the τ it ranks carries what the layers add."
         if table.info["can_rank"]["ok"] else

@@ -82,3 +82,10 @@ def test_null_percentiles_rank_a_set_among_random_sets():
     cannot = {"level": 0.95, "can_rank": {"ok": False, "bigram": {"beaten": False}}}
     assert null_sentence(null, cannot).startswith("Not evidence either way, since the heads do not beat their floors")
     assert null_sentence(null, {"level": 0.95, "can_rank": {"ok": True}}).startswith("Against 8 random layer sets")
+    # the introduction's passage: the note once, then the ranks, then the criteria
+    from wavesurf.book.verdicts import question_answer
+
+    text = question_answer({**cannot, "null": null}, "Across the 8 trained layer sets, ...")
+    assert text.count("Not evidence either way") == 1 and text.startswith("Not evidence either way")
+    assert text.index("Against 8 random layer sets") < text.index("Across the 8 trained layer sets")
+    assert question_answer({"level": 0.95, "can_rank": {"ok": True}, "null": null}, "C.").startswith("Against 8")

@@ -145,9 +145,17 @@ def not_evidence_note(info: dict[str, Any]) -> str:
             "above): ")
 
 
-def null_sentence(null: dict[str, Any], info: dict[str, Any]) -> str:
+def question_answer(info: dict[str, Any], criteria_text: str) -> str:
+    """The paper's question in one passage (the introduction's line): where the selected sets rank
+    among random sets, then ``criteria_text`` (which criteria order the trained sets like their
+    heads), led once by :func:`not_evidence_note` when the table cannot rank."""
+    ranked = null_sentence(info.get("null") or {}, info, lead=False)
+    return not_evidence_note(info) + " ".join(part for part in (ranked, criteria_text) if part)
+
+
+def null_sentence(null: dict[str, Any], info: dict[str, Any], lead: bool = True) -> str:
     """The selected sets ranked in the null of random layer sets, in one sentence (led by
-    :func:`not_evidence_note` when the table cannot rank)."""
+    :func:`not_evidence_note` when the table cannot rank, unless ``lead=False``)."""
     if not null:
         return ""
     if null.get("note"):
@@ -163,5 +171,5 @@ def null_sentence(null: dict[str, Any], info: dict[str, Any]) -> str:
     if below:  # worse than a typical random set of the same size: the criterion picked against τ
         tail += (f", and {len(below)} of {len(rows)} rank below it beyond the interval (worse than a typical "
                  "random set of the same size)")
-    return (not_evidence_note(info) + f"Against {null['random_sets']} random layer sets (the null; each selected "
+    return ((not_evidence_note(info) if lead else "") + f"Against {null['random_sets']} random layer sets (the null; each selected "
             f"set's share of random sets it beats, sequences and seeds resampled): " + "; ".join(parts) + tail + ".")
