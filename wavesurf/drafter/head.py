@@ -215,10 +215,6 @@ def apply_rope(x: torch.Tensor, rotary: Rotary) -> torch.Tensor:
     return x * cos + torch.cat([-x2, x1], -1) * sin
 
 
-def rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
-    """Rotary embedding (rotate-half form) of ``x`` [B, h, T, hd] at ``positions`` [B, T]."""
-    return apply_rope(x, rope_tables(positions, x.shape[-1], theta))
-
 
 class Attention(nn.Module):
     def __init__(self, c: DraftConfig):
@@ -479,7 +475,7 @@ def head_fingerprint(head: "DraftHead") -> str:
 
 __all__ = [
     "DraftConfig", "DraftHead", "DraftStep", "DrafterError", "check_draft_layer_ids", "causal_mask",
-    "head_fingerprint", "init_head", "rope", "rope_frequencies", "rope_tables", "apply_rope", "save_head", "load_head",
+    "head_fingerprint", "init_head", "rope_frequencies", "rope_tables", "apply_rope", "save_head", "load_head",
 ]
 
 

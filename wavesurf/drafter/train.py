@@ -340,23 +340,23 @@ def ttt_forward(
     # one readout and one loss over every step's counted rows: the steps share lm_head, so one
     # product (and one gradient of its weight) instead of one per step
     steps = len(counts)
+    total = embeds.new_zeros(())
     sums = torch.zeros(3, ttt_steps, dtype=torch.float64)
-    if not steps:  # a batch too short to draft anything
-        return TTTOutput(embeds.new_zeros(()), sums[0], sums[1], sums[2], kept_logits if keep_logits else None)
-    labels_all = torch.cat(labels)
-    logits = head.readout(torch.cat(drafted)).float()  # [sum_j M_j, V_d]
-    ce = F.cross_entropy(logits, t_prob[labels_all], reduction="none")  # soft labels, per row
-    step_of_row = torch.repeat_interleave(torch.arange(steps), torch.tensor(counts)).to(ce.device)
-    n_count = torch.tensor(counts, dtype=ce.dtype, device=ce.device)
-    row_weight = (step_weight ** torch.arange(steps, dtype=ce.dtype, device=ce.device) / n_count.clamp(min=1.0))
-    total = (ce * row_weight[step_of_row]).sum()
-    with torch.no_grad():
-        correct = (logits.argmax(-1) == t_arg[labels_all]).to(ce.dtype)
-        per_step = torch.zeros(2, steps, dtype=ce.dtype, device=ce.device)
-        per_step[0].index_add_(0, step_of_row, ce.detach())
-        per_step[1].index_add_(0, step_of_row, correct)
-        sums[:2, :steps] = per_step.double().cpu()
-        sums[2, :steps] = n_count.double().cpu()
+    if steps:  # else a batch too short to draft anything
+        labels_all = torch.cat(labels)
+        logits = head.readout(torch.cat(drafted)).float()  # [sum_j M_j, V_d]
+        ce = F.cross_entropy(logits, t_prob[labels_all], reduction="none")  # soft labels, per row
+        step_of_row = torch.repeat_interleave(torch.arange(steps), torch.tensor(counts)).to(ce.device)
+        n_count = torch.tensor(counts, dtype=ce.dtype, device=ce.device)
+        row_weight = step_weight ** torch.arange(steps, dtype=ce.dtype, device=ce.device) / n_count.clamp(min=1.0)
+        total = (ce * row_weight[step_of_row]).sum()
+        with torch.no_grad():
+            correct = (logits.argmax(-1) == t_arg[labels_all]).to(ce.dtype)
+            per_step = torch.zeros(2, steps, dtype=ce.dtype, device=ce.device)
+            per_step[0].index_add_(0, step_of_row, ce.detach())
+            per_step[1].index_add_(0, step_of_row, correct)
+            sums[:2, :steps] = per_step.double().cpu()
+            sums[2, :steps] = n_count.double().cpu()
     return TTTOutput(total, sums[0], sums[1], sums[2], kept_logits if keep_logits else None)
 
 
