@@ -80,7 +80,18 @@ def test_missing_asset_package_names_pip_command(monkeypatch, tmp_path):
 
 
 def test_damaged_cache_entry_is_rebuilt(smollm, monkeypatch, tmp_path):
-    """A truncated weight file is detected by the size check and rebuilt, with a warning."""
+    """A truncated weight file is detected by the size check and rebuilt, with a warning, into the
+    same bytes; the rebuild parses the GGUF file once (tokenizer, config and weights share it)."""
+    import gguf
+
+    parses = []
+    real_reader = gguf.GGUFReader
+
+    def counting_reader(path, mode="r"):
+        parses.append(str(path))
+        return real_reader(path, mode)
+
+    monkeypatch.setattr(gguf, "GGUFReader", counting_reader)
     src = assets.dequantized_dir("smollm2-135m")
     monkeypatch.setenv("WAVESURF_CACHE", str(tmp_path))
     dst = assets.dequantized_dir("smollm2-135m")
@@ -93,6 +104,9 @@ def test_damaged_cache_entry_is_rebuilt(smollm, monkeypatch, tmp_path):
         path = assets.ensure_dequantized("smollm2-135m")
     assert path == dst and weights.stat().st_size == size
     assert assets.verify_directory(dst, deep=True) is None
+    assert assets.file_sha256(weights) == assets.file_sha256(src / "model.safetensors")
+    assert len(parses) == 1, parses
+    assert gguf.GGUFReader is counting_reader  # the shared reader is undone after the build
     # no partial or set-aside copies left (the .lock file that serialises builds stays)
     assert not [p for p in tmp_path.joinpath("models").iterdir() if p.name.startswith(".") and p.suffix != ".lock"]
 

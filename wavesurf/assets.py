@@ -5,6 +5,7 @@ imports llama-cpp on import, which we neither need nor install.
 """
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import importlib.util
 import json
@@ -15,6 +16,7 @@ import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 from .cache import atomic_directory, cache_root, entry_lock, file_sha256, read_manifest, verify_directory, write_manifest
 from .errors import MissingAssetError
@@ -234,6 +236,38 @@ def _ensure(spec: EmbeddedModel, final: Path, expected: dict, deep_check: bool, 
     return final
 
 
+@contextlib.contextmanager
+def _gguf_parsed_once() -> Iterator[None]:
+    """transformers reads a GGUF file three times (tokenizer, config, weights: each
+    ``load_gguf_checkpoint`` call in transformers 5.x ``modeling_gguf_pytorch_utils.py`` builds a
+    ``gguf.GGUFReader``), and each read parses every metadata field in Python: ~25 s per read for
+    Gemma-3's 262,144-entry vocabulary. Inside this block a file is parsed once and the read-only
+    reader shared. Where ``gguf`` has no ``GGUFReader`` the block changes nothing."""
+    try:
+        import gguf
+    except ImportError:
+        yield
+        return
+    original = getattr(gguf, "GGUFReader", None)
+    if original is None:
+        yield
+        return
+    readers: dict[tuple[str, str], object] = {}
+
+    def shared_reader(path: object, mode: str = "r") -> object:
+        key = (os.path.realpath(os.fspath(path)), mode)
+        if key not in readers:
+            readers[key] = original(path, mode)
+        return readers[key]
+
+    gguf.GGUFReader = shared_reader
+    try:
+        yield
+    finally:
+        gguf.GGUFReader = original
+        readers.clear()
+
+
 def _build(spec: EmbeddedModel, final: Path, info: dict) -> None:
     import torch
     from safetensors.torch import save_file
@@ -245,8 +279,9 @@ def _build(spec: EmbeddedModel, final: Path, info: dict) -> None:
         work = tmp / "_gguf"
         work.mkdir()
         gguf = _gguf_source(spec, work)
-        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+        with _gguf_parsed_once():
+            tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+            model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
         state = model.state_dict()
         if getattr(model.config, "tie_word_embeddings", False):
             state.pop("lm_head.weight", None)  # shared with the embedding; safetensors refuses aliases
