@@ -8,8 +8,10 @@ README's own commands there with an empty ``WAVESURF_CACHE``, timing each phase.
 
 The commands are read from the clone's ``README.md`` (the fenced ``bash`` blocks that start with
 ``./setup.sh &&``: the first runs the main job, the one with ``pytest`` the tests), so this measures
-what the README says. Each phase records its wall time, exit status and the 1-minute load average
-before and after; the result goes to ``benchmarks/results/fresh_clone-<date>.json`` through
+what the README says. Each phase records its wall time, exit status, the 1-minute load average
+before and after, and when each notebook's inner phase (``reproduce``'s progress lines) was first
+and last seen; the host's pace (a fixed matrix-product loop, :data:`PACE_CODE`) is timed before and
+after the phases; the result goes to ``benchmarks/results/fresh_clone-<date>.json`` through
 ``_common.write_result``. The clone and its cache are deleted afterwards, also on failure or Ctrl-C
 (``--keep`` keeps them for inspection): a full disk once failed CI. The whole thing takes about an
 hour for ``--phases tests,main`` on two cores; time it on a quiet machine.
@@ -17,12 +19,15 @@ hour for ``--phases tests,main`` on two cores; time it on a quiet machine.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -85,20 +90,84 @@ def free_gib(path: Path) -> float:
     return shutil.disk_usage(path).free / 2**30
 
 
+#: a notebook's inner progress line as ``wavesurf reproduce`` prints it ("      04b_filtering_drafters:
+#: train and score heads 12/33, ~5 min left; ...")
+PROGRESS_LINE = re.compile(r"^\s+(\w+): (.+?) (\d+)/(\d+)(?=[,;\s]|$)")
+
+#: the host's pace, timed before and after the phases: a fixed float32 matrix-product loop (the
+#: shapes of a SmolLM2-135M MLP at 512 rows) in this checkout's .venv, at each thread count. The
+#: same code on the same host has run 13-45% slower on some evenings; this puts that beside a
+#: phase's seconds.
+PACE_CODE = """
+import json, sys, time, torch
+out = {}
+for threads in (1, 2):
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    x, w = torch.randn(512, 576), torch.randn(576, 1536)
+    for _ in range(20):
+        x @ w
+    t0 = time.perf_counter()
+    for _ in range(500):
+        x @ w
+    out[f"matmul_gflops_{threads}t"] = round(2 * 512 * 576 * 1536 * 500 / (time.perf_counter() - t0) / 1e9, 1)
+t0 = time.perf_counter()
+sum(i * i for i in range(3_000_000))
+out["python_loop_s"] = round(time.perf_counter() - t0, 3)
+print(json.dumps(out))
+"""
+
+
+def host_pace(python: Path = ROOT / ".venv" / "bin" / "python") -> dict | None:
+    """:data:`PACE_CODE` run in ``python`` (None where that interpreter is missing or fails)."""
+    if not python.exists():
+        return None
+    try:
+        proc = subprocess.run([str(python), "-c", PACE_CODE], capture_output=True, text=True, timeout=300)
+        return json.loads(proc.stdout.strip().splitlines()[-1]) if proc.returncode == 0 else None
+    except (subprocess.TimeoutExpired, ValueError, IndexError):
+        return None
+
+
+def inner_phases(lines: list[tuple[float, str]]) -> list[dict]:
+    """From ``(seconds since the phase began, line)``: where each notebook's inner phase was first
+    and last seen in the progress lines, in order of first sight."""
+    seen: dict[tuple[str, str], dict] = {}
+    for t, line in lines:
+        m = PROGRESS_LINE.match(line)
+        if not m:
+            continue
+        key = (m.group(1), m.group(2))
+        row = seen.setdefault(key, {"notebook": key[0], "phase": key[1], "total": int(m.group(4)),
+                                    "first_s": round(t, 1)})
+        row["last_s"], row["last_index"] = round(t, 1), int(m.group(3))
+    return list(seen.values())
+
+
 def run_phase(name: str, command: str, cwd: Path, env: dict[str, str], log: Path, timeout: float | None) -> dict:
-    """Run one command through bash, its output to ``log``; wall time, exit status, load before/after."""
+    """Run one command through bash, its output to ``log`` line by line; wall time, exit status,
+    load before/after and the inner phases its progress lines name (:func:`inner_phases`)."""
     load_before = round(os.getloadavg()[0], 2)
     t0 = time.perf_counter()
+    stamped: list[tuple[float, str]] = []
     with open(log, "w") as out:
-        try:
-            rc = subprocess.run(["bash", "-c", command], cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                timeout=timeout).returncode
-        except subprocess.TimeoutExpired:
-            rc = 124
+        proc = subprocess.Popen(["bash", "-c", command], cwd=cwd, env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, errors="replace", start_new_session=True)
+        timer = threading.Timer(timeout, lambda: os.killpg(proc.pid, signal.SIGKILL)) if timeout else None
+        if timer:
+            timer.start()
+        for line in proc.stdout:
+            out.write(line)
+            stamped.append((time.perf_counter() - t0, line.rstrip("\n")))
+        rc = proc.wait()
+        timed_out = timer is not None and not timer.is_alive() and rc < 0
+        if timer:
+            timer.cancel()
     seconds = time.perf_counter() - t0
-    tail = log.read_text(errors="replace").strip().splitlines()[-3:]
-    return {"phase": name, "command": command, "seconds": round(seconds, 1), "exit": rc,
-            "load_before": load_before, "load_after": round(os.getloadavg()[0], 2), "tail": " / ".join(tail)}
+    tail = [line for _, line in stamped if line.strip()][-3:]
+    return {"phase": name, "command": command, "seconds": round(seconds, 1), "exit": 124 if timed_out else rc,
+            "load_before": load_before, "load_after": round(os.getloadavg()[0], 2), "tail": " / ".join(tail),
+            "inner": inner_phases(stamped)}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -139,6 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     env.pop("VIRTUAL_ENV", None)
     phases: list[dict] = []
     load0 = round(os.getloadavg()[0], 2)
+    pace_before = host_pace()
     try:
         t0 = time.perf_counter()
         subprocess.run(["git", "clone", "--quiet", "--no-local", str(ROOT), str(clone)], check=True)
@@ -163,6 +233,7 @@ def main(argv: list[str] | None = None) -> int:
 
     where = write_result("fresh_clone", {
         "cloned_commit": commit[:10], "profile": args.profile or "as in the README", "load_before": load0, "phases": phases, "total_seconds": round(sum(p["seconds"] for p in phases), 1),
+        "host_pace": {"before": pace_before, "after": host_pace(), "code": "benchmarks/fresh_clone.py PACE_CODE"},
         "disk_gib": round(disk, 2), "ok": all(p["exit"] == 0 for p in phases),
         "note": "an empty WAVESURF_CACHE; pip's own download cache as found on the host"})
     print(f"written {where}")

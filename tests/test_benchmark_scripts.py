@@ -83,3 +83,35 @@ def test_train_profile_buckets_operators_and_counts_gemm_flops():
     assert flops("aten::addmm", [[4096], [128, 576], [576, 4096]]) == ((1, 128, 576, 4096), 2.0 * 128 * 576 * 4096)
     assert flops("aten::bmm", [[9, 128, 64], [9, 64, 128]]) == ((9, 128, 64, 128), 2.0 * 9 * 128 * 64 * 128)
     assert flops("aten::mm", [[128]]) is None
+
+
+def test_fresh_clone_phase_records_inner_phases_and_its_timeout(tmp_path):
+    """The phase's output is kept line by line; each notebook's inner phase, in the line
+    ``reproduce`` prints (wavesurf.progress.describe), gets where it was first and last seen; a
+    phase past its timeout is killed and exits 124."""
+    from wavesurf.progress import describe
+
+    def line(label, i, n):
+        state = {"phase": {"label": label, "index": i, "total": n, "started": 0.0, "time": 1.0}}
+        return f"      04b_filtering_drafters: {describe(state, now=2.0)} | after this notebook: ~9 min"
+
+    script = tmp_path / "lines.txt"
+    script.write_text("\n".join(["Executing 04b", line("the target's answers", 1, 2), line("the target's answers", 2, 2),
+                                 line("train and score heads", 1, 33), "done"]) + "\n")
+    got = FRESH["run_phase"]("main", f"cat {script}; sleep 0.3; echo {line('timed runs', 1, 6)!r}", tmp_path,
+                             {"PATH": "/usr/bin:/bin"}, tmp_path / "main.log", None)
+    assert got["exit"] == 0 and (tmp_path / "main.log").read_text().startswith("Executing 04b\n")
+    inner = got["inner"]
+    assert [(r["phase"], r["total"], r["last_index"]) for r in inner] == [
+        ("the target's answers", 2, 2), ("train and score heads", 33, 1), ("timed runs", 6, 1)]
+    assert {r["notebook"] for r in inner} == {"04b_filtering_drafters"}
+    assert inner[-1]["first_s"] >= 0.3 > inner[0]["first_s"]
+    slow = FRESH["run_phase"]("tests", "echo started; sleep 30", tmp_path, {"PATH": "/usr/bin:/bin"},
+                              tmp_path / "tests.log", 0.5)
+    assert slow["exit"] == 124 and slow["seconds"] < 10 and slow["tail"] == "started"
+
+
+def test_fresh_clone_host_pace_is_a_measurement_or_none(tmp_path):
+    assert FRESH["host_pace"](tmp_path / "no-python") is None
+    pace = FRESH["host_pace"](Path(sys.executable))
+    assert set(pace) == {"matmul_gflops_1t", "matmul_gflops_2t", "python_loop_s"} and min(pace.values()) > 0
