@@ -158,6 +158,7 @@ def run_phase(name: str, command: str, cwd: Path, env: dict[str, str], log: Path
             timer.start()
         for line in proc.stdout:
             out.write(line)
+            out.flush()  # the log can be followed while the phase runs
             stamped.append((time.perf_counter() - t0, line.rstrip("\n")))
         rc = proc.wait()
         timed_out = timer is not None and not timer.is_alive() and rc < 0
@@ -204,7 +205,8 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"{base} has {free_gib(base):.1f} GiB free; a fresh clone's run needs about {MIN_FREE_GIB:g}")
     work = Path(tempfile.mkdtemp(prefix="wavesurf-fresh-", dir=base))
     clone, cache = work / "clone", work / "cache"
-    env = {**os.environ, "WAVESURF_CACHE": str(cache)}
+    # unbuffered: a line is stamped when it is printed, not when a pipe's buffer fills
+    env = {**os.environ, "WAVESURF_CACHE": str(cache), "PYTHONUNBUFFERED": "1"}
     env.pop("VIRTUAL_ENV", None)
     phases: list[dict] = []
     load0 = round(os.getloadavg()[0], 2)

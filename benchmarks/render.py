@@ -83,7 +83,7 @@ def _table(rows: list[dict[str, Any]]) -> list[str]:
 
 def render_run(run: dict[str, Any], level: str = "###") -> list[str]:
     """One run: a header line of what it depends on, its scalar fields, then one table per list of
-    rows (a dict counts as a one-row table)."""
+    rows (a dict counts as a one-row table; a row's own list of rows gets a table after its own)."""
     dirty = " (uncommitted changes)" if run.get("dirty") else ""
     head = (f"{level} {run.get('date', 'undated')}\n\n"
             f"host {run.get('host', '?')} ({run.get('machine', '?')}, {run.get('cpus', '?')} CPUs), "
@@ -103,7 +103,16 @@ def render_run(run: dict[str, Any], level: str = "###") -> list[str]:
             scalars.append(f"- {key}: {_cell(value)}")
     lines += scalars
     for key, rows in tables:
-        lines += ["", f"{key}:", ""] + _table(rows)
+        nested = []  # a row's own list of rows (fresh_clone's inner phases) becomes a table below it
+        flat = []
+        for i, row in enumerate(rows):
+            name = row.get("phase", row.get("name", i + 1))
+            inner = {k: v for k, v in row.items() if isinstance(v, list) and v and all(isinstance(x, dict) for x in v)}
+            flat.append({k: v for k, v in row.items() if k not in inner})
+            nested += [(f"{key} {name}, {k}", v) for k, v in inner.items()]
+        lines += ["", f"{key}:", ""] + _table(flat)
+        for title, sub in nested:
+            lines += ["", f"{title}:", ""] + _table(sub)
     return lines + [""]
 
 

@@ -204,8 +204,12 @@ def test_benchmarks_page_renders_every_result_newest_first(tmp_path):
                              ("a_clone", "2026-01-05T00:00:00+00:00", 0.1)):
         (tmp_path / "benchmarks" / "results" / f"{name}-{date[:10]}.json").write_text(json.dumps(
             {"benchmark": name, "date": date, "load_average": load, **meta, "rows": [{"setting": "x", "tau": 1.25}],
-             "note": "n"}))
+             "note": "n", "phases": [{"phase": "main", "seconds": 9.5,
+                                      "inner": [{"notebook": "04b", "phase": "timed runs", "first_s": 3.0}]}]}))
     page = render_benchmarks(tmp_path / "book")
+    # a row's own rows (fresh_clone's inner phases) get their own table after the row's
+    assert "| phase | seconds |\n|---|---|\n| main | 9.5 |" in page
+    assert "phases main, inner:\n\n| notebook | phase | first_s |\n|---|---|---|\n| 04b | timed runs | 3 |" in page
     assert page.index("## `a_clone`") < page.index("## `b_sweep`")
     assert page.index("### 2026-02-01") < page.index("### 2026-01-01")
     assert "quiet: no (from load)" in page and "quiet: yes (from load)" in page and "commit `abc1234`" in page

@@ -137,6 +137,12 @@ def notebook_parameters(model: str, profile: str, dataset: str = "sharegpt", max
 
 
 @contextlib.contextmanager
+def _say(line: str) -> None:
+    """Print a progress line at once, also into a pipe (``reproduce ... | tee run.log``), where
+    Python would otherwise hold it in a block buffer for many minutes."""
+    print(line, flush=True)
+
+
 def watch_progress(label: str, say: Callable[[str], None], after: str = "",
                    every_s: float = PROGRESS_EVERY_S, poll_s: float = 2.0) -> Iterator[Path]:
     """While the block runs, the kernel it starts reports its progress to a temporary file
@@ -372,7 +378,7 @@ def drafter_work_note(stems: Sequence[str], previous: dict[str, float], profile:
 def reproduce(model: str, profile: str = "default", only: str | Sequence[str] | None = None, *,
               dataset: str = "sharegpt", max_tokens: int | None = None, seed: int = 0, device: str = "auto",
               root: Path | None = None, build: bool = True, progress: bool = True,
-              say: Callable[[str], None] = print) -> dict[str, Any]:
+              say: Callable[[str], None] = _say) -> dict[str, Any]:
     """Run the notebooks for ``model`` with ``profile`` into the book and build it; a summary dict."""
     get_profile(profile)  # unknown profile -> clear error before anything runs
     from .notebook import check_parameters
@@ -454,7 +460,7 @@ def reproduce(model: str, profile: str = "default", only: str | Sequence[str] | 
 
 
 # ---------------------------------------------------------------------------------------------
-def build_book(book: Path, say: Callable[[str], None] = print) -> Path:
+def build_book(book: Path, say: Callable[[str], None] = _say) -> Path:
     """``jupyter-book build book/ -W`` (warnings are errors; nothing is executed or fetched)."""
     exe = Path(sys.executable).with_name("jupyter-book")
     cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "jupyter_book.cli.main"]
