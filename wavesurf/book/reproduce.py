@@ -136,13 +136,13 @@ def notebook_parameters(model: str, profile: str, dataset: str = "sharegpt", max
             "device": device}
 
 
-@contextlib.contextmanager
 def _say(line: str) -> None:
     """Print a progress line at once, also into a pipe (``reproduce ... | tee run.log``), where
     Python would otherwise hold it in a block buffer for many minutes."""
     print(line, flush=True)
 
 
+@contextlib.contextmanager
 def watch_progress(label: str, say: Callable[[str], None], after: str = "",
                    every_s: float = PROGRESS_EVERY_S, poll_s: float = 2.0) -> Iterator[Path]:
     """While the block runs, the kernel it starts reports its progress to a temporary file
