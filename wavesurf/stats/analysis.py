@@ -256,6 +256,7 @@ def analyze(
 
     settings = replace(settings or AnalysisSettings(), **overrides)
     settings.check()
+    TokenFilter.parse(settings.filter, settings.pilot_tokens).check_reachable(target.vocab_size)
     key, params = analysis_key(target, settings)
     out = result_dir(target.name, key)
     if use_cache and out.exists() and verify_directory(out) is None:

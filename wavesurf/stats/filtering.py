@@ -60,6 +60,15 @@ class TokenFilter:
     def label(self) -> str:
         return {"none": "none", "quantile": f"q{self.value:g}", "nats": f"{self.value:g}nats"}[self.kind]
 
+    def check_reachable(self, vocab_size: int) -> None:
+        """Refuse, before any capture, a threshold in nats that no position can reach: the entropy
+        of a distribution over ``vocab_size`` tokens is at most ln(vocab_size)."""
+        top = math.log(vocab_size) if vocab_size > 1 else 0.0
+        if self.kind == "nats" and self.value > top:
+            raise FilterError(f"filter {self.label!r} keeps no position: a next-token entropy over {vocab_size:,} "
+                              f"tokens is at most ln({vocab_size:,}) = {top:.2f} nats; allowed: a threshold "
+                              f"<= {top:.2f} nats, or {FILTER_HELP}")
+
 
 class FilterState:
     """Applies a :class:`TokenFilter` batch by batch and counts what it kept."""
