@@ -107,9 +107,9 @@ def render_run(run: dict[str, Any], level: str = "###") -> list[str]:
         flat = []
         for i, row in enumerate(rows):
             name = row.get("phase", row.get("name", i + 1))
-            inner = {k: v for k, v in row.items() if isinstance(v, list) and v and all(isinstance(x, dict) for x in v)}
+            inner = {k: v for k, v in row.items() if isinstance(v, list) and all(isinstance(x, dict) for x in v)}
             flat.append({k: v for k, v in row.items() if k not in inner})
-            nested += [(f"{key} {name}, {k}", v) for k, v in inner.items()]
+            nested += [(f"{key} {name}, {k}", v) for k, v in inner.items() if v]  # none seen: no table
         lines += ["", f"{key}:", ""] + _table(flat)
         for title, sub in nested:
             lines += ["", f"{title}:", ""] + _table(sub)
