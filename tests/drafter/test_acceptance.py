@@ -204,6 +204,11 @@ def test_offline_tau_equals_real_chain_decoding(smollm, greedy_store, tmp_cache)
                                    progress=False)
         assert again.info["seconds"] == one.info["seconds"]  # read back from the cache, not recomputed
         assert np.array_equal(again.committed, one.committed)
+    # scoring more draft lengths leaves tau at the shorter ones, and their intervals, as they were
+    # (the default profile scores 1-4 where it scored 1-6)
+    for dl in (1, 3):
+        assert fresh[0].tau(dl) == acc.tau(dl)
+        assert bootstrap_tau([fresh[0]], dl, n_boot=200) == bootstrap_tau([acc], dl, n_boot=200)
     with pytest.raises(AcceptanceError, match="2 names for 1 lookup"):
         offline_acceptances(smollm, head, greedy_store, lookup_ngrams=(0,), names=("a", "b"), progress=False)
 
