@@ -151,8 +151,8 @@ PROFILES: dict[str, dict[str, Any]] = {
         # the probe came later and add ~6 min. The trade to stay under 2 hours (issue 31): answers
         # 64k -> 48k and tokens per head 160k -> 144k (the heads' tau was still rising at 160k, so
         # this costs a little tau), and tau scored at draft lengths 1-4 instead of 1-6 (the default's
-        # since; the table reports 4; scoring a head's held-out answers took 10.7 s instead of 16.8 s, measured on the
-        # default run's store); held-out answers 18k -> 19k as in the default. Measured on a fresh
+        # since; the table reports 4; scoring a head's held-out answers took 10.7 s instead of 16.8 s,
+        # measured on the default run's store); held-out answers 18k -> 19k as in the default. Measured on a fresh
         # clone of 756f820 with an empty cache (2-core Intel Xeon host, 2026-12-06): 1 h 58 min 02 s
         # with setup, exit 0 (benchmarks/results/fresh_clone-20261206T195656.json; what it found:
         # profile_summary-20261206T195711.json), notebook 04b (answers, stores, 33 heads, timed runs)

@@ -149,13 +149,19 @@ def question_answer(info: dict[str, Any], criteria_text: str) -> str:
     """The paper's question in one passage (the introduction's line): where the selected sets rank
     among random sets, then ``criteria_text`` (which criteria order the trained sets like their
     heads), led once by :func:`not_evidence_note` when the table cannot rank."""
-    ranked = null_sentence(info.get("null") or {}, info, lead=False)
+    ranked = _null_ranks(info.get("null") or {}, info)
     return not_evidence_note(info) + " ".join(part for part in (ranked, criteria_text) if part)
 
 
-def null_sentence(null: dict[str, Any], info: dict[str, Any], lead: bool = True) -> str:
+def null_sentence(null: dict[str, Any], info: dict[str, Any]) -> str:
     """The selected sets ranked in the null of random layer sets, in one sentence (led by
-    :func:`not_evidence_note` when the table cannot rank, unless ``lead=False``)."""
+    :func:`not_evidence_note` when the table cannot rank)."""
+    lead = not_evidence_note(info) if null and not null.get("note") else ""  # only ranks are led
+    return lead + _null_ranks(null, info)
+
+
+def _null_ranks(null: dict[str, Any], info: dict[str, Any]) -> str:
+    """:func:`null_sentence` without its lead: the ranks, the null's own note, or "" without a null."""
     if not null:
         return ""
     if null.get("note"):
@@ -171,5 +177,5 @@ def null_sentence(null: dict[str, Any], info: dict[str, Any], lead: bool = True)
     if below:  # worse than a typical random set of the same size: the criterion picked against τ
         tail += (f", and {len(below)} of {len(rows)} rank below it beyond the interval (worse than a typical "
                  "random set of the same size)")
-    return ((not_evidence_note(info) if lead else "") + f"Against {null['random_sets']} random layer sets (the null; each selected "
-            f"set's share of random sets it beats, sequences and seeds resampled): " + "; ".join(parts) + tail + ".")
+    return (f"Against {null['random_sets']} random layer sets (the null; each selected set's share of random "
+            "sets it beats, sequences and seeds resampled): " + "; ".join(parts) + tail + ".")

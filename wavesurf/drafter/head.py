@@ -215,7 +215,6 @@ def apply_rope(x: torch.Tensor, rotary: Rotary) -> torch.Tensor:
     return x * cos + torch.cat([-x2, x1], -1) * sin
 
 
-
 class Attention(nn.Module):
     def __init__(self, c: DraftConfig):
         super().__init__()
