@@ -50,18 +50,36 @@ def sharegpt():
     return load_corpus("sharegpt")
 
 
+@pytest.fixture(scope="session")
+def real_cache():
+    """The cache root of the session (before any test points WAVESURF_CACHE elsewhere)."""
+    from wavesurf.cache import cache_root
+
+    return cache_root()
+
+
 @pytest.fixture
-def tmp_cache(smollm, monkeypatch, tmp_path):
+def isolated_cache(smollm, real_cache, monkeypatch, tmp_path):
     """WAVESURF_CACHE -> a fresh directory (set after the model is loaded) for results written by
     the test (vocab counts, stores, bench rows); its ``models`` links to the real model cache, so a
     CLI call does not dequantize again."""
-    from wavesurf.cache import cache_root
-
-    models = cache_root() / "models"
     (tmp_path / "cache").mkdir()
-    (tmp_path / "cache" / "models").symlink_to(models, target_is_directory=True)
+    (tmp_path / "cache" / "models").symlink_to(real_cache / "models", target_is_directory=True)
     monkeypatch.setenv("WAVESURF_CACHE", str(tmp_path / "cache"))
     return tmp_path / "cache"
+
+
+@pytest.fixture
+def tmp_cache(isolated_cache, real_cache):
+    """:func:`isolated_cache` whose draft-vocabulary counts (``drafter/vocab``) link to the real
+    cache too: they depend on the corpus and tokenizer only (written atomically, so workers may
+    share them), and counting ShareGPT's training split again cost ~12 s per training test on one
+    core. Tests of the vocabulary cache itself use ``isolated_cache``."""
+    shared = real_cache / "drafter" / "vocab"
+    shared.mkdir(parents=True, exist_ok=True)
+    (isolated_cache / "drafter").mkdir()
+    (isolated_cache / "drafter" / "vocab").symlink_to(shared, target_is_directory=True)
+    return isolated_cache
 
 
 # A small real capture of ShareGPT's statistics split, shared by the statistics and selection tests.

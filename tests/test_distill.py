@@ -239,7 +239,7 @@ def test_cli_distill(smollm, gen_cache, capsys):
     from wavesurf.cli import main
 
     assert main(["distill", "--dataset", "mt-bench", "--max-tokens", "30", "--max-new-tokens", "8", "--max-len", "256",
-                 "--quiet", "--device", "cpu"]) == 0
+                 "--chunk-examples", "4", "--quiet", "--device", "cpu"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["dataset"] == "mt-bench@smollm2-135m" and out["split"] is None and out["tokens"] >= 30
     assert 0 <= out["eos_fraction"] <= 1 and out["tokens_per_second"] > 0

@@ -27,7 +27,7 @@ def test_size_out_of_range_is_refused(smollm, size):
         build_draft_vocab(smollm, size, max_tokens=1000, use_cache=False)
 
 
-def test_counts_assistant_tokens_of_the_train_split_and_caches(smollm, tmp_cache):
+def test_counts_assistant_tokens_of_the_train_split_and_caches(smollm, isolated_cache):
     vocab = build_draft_vocab(smollm, 300, max_tokens=4000, max_len=256)
     encoded = encode_budget(load_corpus("sharegpt", split="train"), smollm.tokenizer, True, 4000, 256)
     ids = np.concatenate([e.input_ids[e.roles == ROLE_ASSISTANT] for e in encoded])
@@ -42,14 +42,14 @@ def test_counts_assistant_tokens_of_the_train_split_and_caches(smollm, tmp_cache
     assert vocab.coverage == pytest.approx(vocab.counts.sum() / ids.size)
     assert 0.5 < vocab.coverage < 1.0
     # the counts are cached per corpus budget: another size reuses them
-    entries = list((tmp_cache / "drafter" / "vocab").iterdir())
+    entries = list((isolated_cache / "drafter" / "vocab").iterdir())
     assert len(entries) == 1 and json.loads((entries[0] / "wavesurf-manifest.json").read_text())["roles"] == "assistant"
     bigger = build_draft_vocab(smollm, 600, max_tokens=4000, max_len=256)
-    assert len(list((tmp_cache / "drafter" / "vocab").iterdir())) == 1
+    assert len(list((isolated_cache / "drafter" / "vocab").iterdir())) == 1
     assert set(vocab.ids) <= set(bigger.ids) and bigger.coverage > vocab.coverage
 
 
-def test_plain_text_corpus_counts_content_tokens(smollm, tmp_cache, tmp_path):
+def test_plain_text_corpus_counts_content_tokens(smollm, isolated_cache, tmp_path):
     path = tmp_path / "docs.jsonl"
     path.write_text("\n".join(json.dumps({"text": f"Document {i}: the quick brown fox jumps over {i} lazy dogs."})
                               for i in range(40)))
