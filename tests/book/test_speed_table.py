@@ -156,7 +156,9 @@ def test_sets_with_different_numbers_of_seeds(smollm):
     assert {n: summary[n]["seeds"] for n in ("default", "last-1", "random-1", "embedding-only")} == {
         "default": 2, "last-1": 2, "random-1": 1, "embedding-only": 2}
     lone = summary["random-1"]
-    assert "pooled" in lone["interval"] and lone["diff_se_seed"] > 0
+    # its seed part is the pooled between-seed spread of the drafters with two seeds (zero where the
+    # smoke heads' seeds accept the same tokens; tested with spread in the synthetic test below)
+    assert "pooled" in lone["interval"] and (lone["diff_se_seed"] > 0) == (table.info["pooled_seed_std"] > 0)
     assert lone["tau_hi"] - lone["tau_lo"] > 0 and lone["diff_lo"] <= lone["diff"] <= lone["diff_hi"]
     assert table.info["seed_counts"]["default, primary and control"] == 2
     assert "(2 for the default, primary and control)" in table.verdict
@@ -213,6 +215,37 @@ def test_primary_comparison_is_checked_before_training():
     sets[0].aliases.append("aggregate")
     with pytest.raises(WavesurfError, match="chose the default set itself"):
         _primary_set(sets, "aggregate")
+
+def test_a_one_seed_set_gets_the_seed_variance_pooled_from_the_others():
+    """Synthetic acceptance counts whose seeds differ: the set trained with one seed carries the
+    between-seed variance of the two-seed drafters, so its interval is wider than its sequences
+    alone give (the long profile's design)."""
+    import numpy as np
+
+    from wavesurf.drafter.acceptance import Acceptance
+    from wavesurf.book.speed_table import AcceptanceSettings, _family_intervals, _summary_row
+    from wavesurf.book.table_sets import LayerSet
+
+    rng = np.random.default_rng(1)
+    cycles = rng.integers(10, 60, size=(30, 1))
+
+    def run(name, p):  # each seed shifts the whole head's rate: a between-seed effect
+        committed = cycles + rng.binomial(4 * cycles, p + rng.normal(0, 0.03))
+        return Acceptance(name, 1, [str(i) for i in range(30)], committed, cycles.copy(), np.ones(1, np.int64),
+                          np.full(1, 2, np.int64), int(committed.sum()), 0)
+
+    sets = [LayerSet("default", "default", [2, 15, 27], "rule"), LayerSet("entropy", "selected", [17, 22, 27], "m"),
+            LayerSet("random-1", "control", [16, 19, 24], "r")]
+    runs = [[run("default", 0.3), run("default", 0.3)], [run("entropy", 0.32), run("entropy", 0.32)],
+            [run("random-1", 0.3)]]
+    acc_cfg = AcceptanceSettings(draft_len=1, level=0.95, family_level=0.95, n_boot=400)
+    iv = _family_intervals(runs, sets, acc_cfg)
+    rows = [_summary_row(s.name, s.group, s.aliases, s.layer_ids, runs[i], iv, i, acc_cfg) for i, s in enumerate(sets)]
+    lone, pair = rows[2], rows[1]
+    assert iv.pooled_seed_std > 0 and "pooled" in lone["interval"] and lone["seeds"] == 1
+    assert lone["diff_se_seed"] > 0 and lone["diff_se"] > lone["diff_se_seq"]
+    assert pair["interval"] == "2 seeds x 30 sequences" and pair["diff_se_seed"] >= 0
+
 
 @pytest.mark.parametrize("n_seeds", [1, 2])
 def test_summary_rows_from_synthetic_runs_carry_both_intervals_and_their_basis(n_seeds):
