@@ -101,8 +101,19 @@ def test_greedy_batch1_equals_hf_generate(smollm):
     assert ans.ids == _hf_greedy(smollm, ids, 24, eos)
 
 
+@pytest.fixture(scope="module")
+def six_prompts_alone(smollm):
+    """Six first-turn prompts and their batch-1 greedy answers (16 tokens): the reference both
+    kernel paths of the agreement test are held to, decoded once."""
+    from wavesurf.drafter.decode import eos_ids
+
+    eos = eos_ids(smollm)
+    prompts = _first_user_prompts(smollm, 6)
+    return prompts, [generate_batch(smollm, [p], [16], eos=eos)[0].ids for p in prompts]
+
+
 @pytest.mark.parametrize("packed", [False, True])
-def test_batched_agreement_with_batch1(smollm, packed):
+def test_batched_agreement_with_batch1(smollm, six_prompts_alone, packed):
     """Padded batches run other kernels (HF's, or the oneDNN-packed weights); raw batched greedy
     (no re-decode) is compared with batch 1 token for token, and with the near-tie re-decode the
     answers must equal batch 1 exactly."""
@@ -112,8 +123,7 @@ def test_batched_agreement_with_batch1(smollm, packed):
     if packed and not packing_available(smollm.model):
         pytest.skip("this PyTorch has no oneDNN linear")
     eos = eos_ids(smollm)
-    prompts = _first_user_prompts(smollm, 6)
-    alone = [generate_batch(smollm, [p], [16], eos=eos)[0].ids for p in prompts]
+    prompts, alone = six_prompts_alone
     raw = generate_batch(smollm, prompts, [16] * len(prompts), eos=eos, tie_eps=0, packed=packed)
     same = sum(a.ids == b for a, b in zip(raw, alone))
     gaps = [a.min_gap for a in raw]

@@ -190,8 +190,24 @@ def test_bfloat16_training_is_close_to_float32_and_keeps_float32_weights(smollm,
     assert 0 < diff < 0.05  # bfloat16 products round differently, yet train the same head
     _, info = load_head(tmp_path / "bf16", smollm)
     assert info["settings"]["precision"] == "bfloat16"
-    with pytest.raises(DrafterError, match=r"precision='float16' is not one of \('float32', 'bfloat16'\)"):
+    with pytest.raises(DrafterError, match=r"precision='float16' is not one of \('float32', 'bfloat16', 'auto'\)"):
         TrainSettings(precision="float16").check()
+
+
+def test_auto_precision_is_settled_before_the_fingerprint(smollm, tiny_store, tmp_cache):
+    """precision='auto' trains in bfloat16 only where the CPU has it natively; the head is the very
+    run (key, info) that names the resolved precision, so either spelling finds it in the cache."""
+    from wavesurf.drafter.train import cpu_has_bfloat16, resolve_precision
+
+    native = "bfloat16" if cpu_has_bfloat16() else "float32"
+    assert resolve_precision("auto", "cpu") == native
+    assert [resolve_precision(p, "cpu") for p in ("float32", "bfloat16")] == ["float32", "bfloat16"]
+    base = {**FAST, "max_steps": 2}
+    auto = train_drafter(smollm, tiny_store, LAYERS, TrainSettings(**base, precision="auto"), progress=False)
+    _, info = load_head(auto.out_dir, smollm)
+    assert info["settings"]["precision"] == native
+    spelled = train_drafter(smollm, tiny_store, LAYERS, TrainSettings(**base, precision=native), progress=False)
+    assert spelled.out_dir == auto.out_dir and spelled.seconds == auto.seconds  # read back, not trained again
 
 
 class _LinearDtypes(torch.overrides.TorchFunctionMode):

@@ -109,7 +109,11 @@ PROFILES: dict[str, dict[str, Any]] = {
                         "max_new_tokens": 256, "max_len": 512, "chunk_examples": 16},
             "features": {"max_len": 512, "batch_tokens": 4096},
             "train": {"train_tokens": 36_000, "ttt_steps": 3, "draft_vocab_size": 4096, "batch_tokens": 128,
-                      "lr": 1e-3, "warmup_steps": 10, "checkpoint_every": 100, "precision": "bfloat16"},
+                      "lr": 1e-3, "warmup_steps": 10, "checkpoint_every": 100, "precision": "auto"},
+            # precision auto: bfloat16 where the CPU has AVX512-BF16 or AMX (where it was measured faster,
+            # and where every page so far was made: the same heads and cache keys as "bfloat16"),
+            # float32 elsewhere: on an AVX2-only AMD EPYC bfloat16 autocast trained ~16x slower
+            # (wavesurf.drafter.train.resolve_precision)
             # every head is scored alone (the layer question) and with n-gram lookup drafting first (what
             # runs fastest here: a small target's greedy answers repeat; wavesurf.drafter.lookup).
             # Draft lengths 1-4 are scored (the table reports 4; nothing reads 5-6): ~10.7 s per head's
@@ -308,7 +312,9 @@ DRAFTER_TOKENS_PER_S = {"distill": 28.5, "train": 770.0, "features": 380.0, "ben
 DRAFTER_FIXED_S = 60.0
 #: head training tokens/s relative to float32, by ``TrainSettings.precision`` (benchmarks/drafter_sweep.py
 #: on the AMD EPYC host, which has AVX512-BF16: 1,485 vs 1,030 tok/s at the default profile's settings)
-TRAIN_PRECISION_SPEEDUP = {"float32": 1.0, "bfloat16": 1.44}
+#: "auto" as on the reference machines, which have native bfloat16 (the ETA is a ratio of budgets there;
+#: a host that trains slower shows in the run's own pace)
+TRAIN_PRECISION_SPEEDUP = {"float32": 1.0, "bfloat16": 1.44, "auto": 1.44}
 #: conversation tokens per generated answer token in the feature stores (prompts come along)
 STORE_TOKENS_PER_ANSWER_TOKEN = 1.4
 #: heads timed per dataset by the speed table (the default set, the best selected set, the best control)
