@@ -1,0 +1,95 @@
+"""Whether bfloat16 pays on this CPU: what ``TrainSettings(precision="auto")`` decides, checked by
+timing. Two measurements, float32 against bfloat16, in one process:
+
+* one matrix product at a draft head's shapes (rows x 576 by 576 x 1536, as ``F.linear`` with the
+  weight stored [out, in]), median of ``--repeats``;
+* ``train_drafter`` at the default profile's head settings (128-token batches, 3 unrolled steps, a
+  4,096-id draft vocabulary) for ``--steps`` optimizer steps after ``--warmup`` untimed ones, on a
+  feature store of ShareGPT's training split built here (``--store-tokens``).
+
+    python benchmarks/precision_speed.py [--steps 20] [--warmup 2] [--store-tokens 4096] [--repeats 9]
+
+The result (tokens/s per precision, their ratio, the CPU's bfloat16 flags and what "auto" chose)
+goes to ``benchmarks/results/precision_speed-<date>.json``. Threads: as the package sets them
+(``WAVESURF_THREADS``, else every core). Run it on a quiet machine.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def matmul_ms(rows: int, dtype, repeats: int) -> float:
+    import torch
+
+    x, w = torch.randn(rows, 576).to(dtype), torch.randn(1536, 576).to(dtype)
+    torch.nn.functional.linear(x, w)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        torch.nn.functional.linear(x, w)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e3
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=20, help="timed optimizer steps per precision")
+    ap.add_argument("--warmup", type=int, default=2, help="untimed steps first (one-time costs)")
+    ap.add_argument("--store-tokens", type=int, default=4096)
+    ap.add_argument("--repeats", type=int, default=9)
+    args = ap.parse_args()
+
+    import torch
+
+    from _common import write_result
+    from wavesurf.drafter.features import FeatureSettings, build_feature_store
+    from wavesurf.drafter.train import TrainSettings, cpu_has_bfloat16, resolve_precision, train_drafter
+    from wavesurf.models import configure_torch, load_target
+
+    configure_torch()
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, capability "
+          f"{torch.backends.cpu.get_cpu_capability()}, native bfloat16: {cpu_has_bfloat16()}")
+    matmul = [{"rows": rows, **{f"{name}_ms": round(matmul_ms(rows, dt, args.repeats), 2)
+                                for name, dt in (("float32", torch.float32), ("bfloat16", torch.bfloat16))}}
+              for rows in (128, 1024)]
+    for m in matmul:
+        m["bfloat16_over_float32"] = round(m["bfloat16_ms"] / m["float32_ms"], 2)
+        print(f"matmul {m['rows']} x 576 x 1536: float32 {m['float32_ms']} ms, bfloat16 {m['bfloat16_ms']} ms")
+
+    target = load_target("smollm2-135m", device="cpu")
+    work = Path(tempfile.mkdtemp(prefix="precision-speed-"))
+    store = build_feature_store(target, FeatureSettings(dataset="sharegpt", split="train", max_tokens=args.store_tokens,
+                                                        max_len=512, batch_tokens=4096, layer_ids=[2, 15, 27]),
+                                path=work / "store", progress=False)
+    common = {"ttt_steps": 3, "draft_vocab_size": 4096, "batch_tokens": 128, "lr": 1e-3, "warmup_steps": 10,
+              "checkpoint_every": 10_000}
+    train = {}
+    for precision in ("float32", "bfloat16"):
+        runs = {}
+        for steps in (args.warmup, args.warmup + args.steps):  # the difference times the steps alone
+            t0 = time.perf_counter()
+            res = train_drafter(target, store, [2, 15, 27], TrainSettings(**common, max_steps=steps, precision=precision),
+                                work / f"{precision}-{steps}", progress=False)
+            runs[steps] = (time.perf_counter() - t0, res.train_tokens)
+        (s0, n0), (s1, n1) = runs[args.warmup], runs[args.warmup + args.steps]
+        train[precision] = {"tokens": n1 - n0, "seconds": round(s1 - s0, 2), "tokens_per_s": round((n1 - n0) / (s1 - s0), 1)}
+        print(f"train {precision}: {train[precision]['tokens_per_s']} tok/s over {args.steps} steps")
+    ratio = round(train["bfloat16"]["tokens_per_s"] / train["float32"]["tokens_per_s"], 3)
+    out = write_result("precision_speed", {
+        "torch": torch.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "native_bfloat16": cpu_has_bfloat16(), "auto_chooses": resolve_precision("auto", "cpu"),
+        "settings": {**common, "steps": args.steps, "warmup": args.warmup, "store_tokens": store.tokens},
+        "matmul": matmul, "train": [{"precision": p, **v} for p, v in train.items()],
+        "train_bfloat16_over_float32": ratio})
+    print(f"bfloat16 / float32 training speed: {ratio}x; auto chooses {resolve_precision('auto', 'cpu')}; {out}")
+
+
+if __name__ == "__main__":
+    main()
