@@ -49,8 +49,7 @@ def main() -> None:
     import torch
 
     from _common import write_result
-    from wavesurf.drafter.features import FeatureSettings, build_feature_store
-    from wavesurf.drafter.train import TrainSettings, cpu_has_bfloat16, resolve_precision, train_drafter
+    from wavesurf.drafter.train import cpu_has_bfloat16, resolve_precision
     from wavesurf.models import configure_torch, load_target
 
     configure_torch()
@@ -64,31 +63,44 @@ def main() -> None:
         print(f"matmul {m['rows']} x 576 x 1536: float32 {m['float32_ms']} ms, bfloat16 {m['bfloat16_ms']} ms")
 
     target = load_target("smollm2-135m", device="cpu")
-    work = Path(tempfile.mkdtemp(prefix="precision-speed-"))
+    with tempfile.TemporaryDirectory(prefix="precision-speed-") as tmp:  # the store and heads go with it
+        store_tokens, train = _train_speeds(target, Path(tmp), args)
+    ratio = round(train["bfloat16"]["tokens_per_s"] / train["float32"]["tokens_per_s"], 3)
+    out = write_result("precision_speed", {
+        "torch": torch.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "native_bfloat16": cpu_has_bfloat16(), "auto_chooses": resolve_precision("auto", "cpu"),
+        "settings": {**COMMON, "steps": args.steps, "warmup": args.warmup, "store_tokens": store_tokens},
+        "matmul": matmul, "train": [{"precision": p, **v} for p, v in train.items()],
+        "train_bfloat16_over_float32": ratio})
+    print(f"bfloat16 / float32 training speed: {ratio}x; auto chooses {resolve_precision('auto', 'cpu')}; {out}")
+
+
+#: the default profile's head settings (no checkpoint inside the timed steps)
+COMMON = {"ttt_steps": 3, "draft_vocab_size": 4096, "batch_tokens": 128, "lr": 1e-3, "warmup_steps": 10,
+          "checkpoint_every": 10_000}
+
+
+def _train_speeds(target, work: Path, args: argparse.Namespace) -> tuple[int, dict]:
+    """The tokens of a store of ShareGPT's training split built under ``work``, and per precision the
+    tokens/s of ``args.steps`` training steps on it (a run of warmup + steps minus a run of warmup alone)."""
+    from wavesurf.drafter.features import FeatureSettings, build_feature_store
+    from wavesurf.drafter.train import TrainSettings, train_drafter
+
     store = build_feature_store(target, FeatureSettings(dataset="sharegpt", split="train", max_tokens=args.store_tokens,
                                                         max_len=512, batch_tokens=4096, layer_ids=[2, 15, 27]),
                                 path=work / "store", progress=False)
-    common = {"ttt_steps": 3, "draft_vocab_size": 4096, "batch_tokens": 128, "lr": 1e-3, "warmup_steps": 10,
-              "checkpoint_every": 10_000}
     train = {}
     for precision in ("float32", "bfloat16"):
         runs = {}
         for steps in (args.warmup, args.warmup + args.steps):  # the difference times the steps alone
             t0 = time.perf_counter()
-            res = train_drafter(target, store, [2, 15, 27], TrainSettings(**common, max_steps=steps, precision=precision),
+            res = train_drafter(target, store, [2, 15, 27], TrainSettings(**COMMON, max_steps=steps, precision=precision),
                                 work / f"{precision}-{steps}", progress=False)
             runs[steps] = (time.perf_counter() - t0, res.train_tokens)
         (s0, n0), (s1, n1) = runs[args.warmup], runs[args.warmup + args.steps]
         train[precision] = {"tokens": n1 - n0, "seconds": round(s1 - s0, 2), "tokens_per_s": round((n1 - n0) / (s1 - s0), 1)}
         print(f"train {precision}: {train[precision]['tokens_per_s']} tok/s over {args.steps} steps")
-    ratio = round(train["bfloat16"]["tokens_per_s"] / train["float32"]["tokens_per_s"], 3)
-    out = write_result("precision_speed", {
-        "torch": torch.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-        "native_bfloat16": cpu_has_bfloat16(), "auto_chooses": resolve_precision("auto", "cpu"),
-        "settings": {**common, "steps": args.steps, "warmup": args.warmup, "store_tokens": store.tokens},
-        "matmul": matmul, "train": [{"precision": p, **v} for p, v in train.items()],
-        "train_bfloat16_over_float32": ratio})
-    print(f"bfloat16 / float32 training speed: {ratio}x; auto chooses {resolve_precision('auto', 'cpu')}; {out}")
+    return store.tokens, train
 
 
 if __name__ == "__main__":

@@ -112,8 +112,8 @@ PROFILES: dict[str, dict[str, Any]] = {
                       "lr": 1e-3, "warmup_steps": 10, "checkpoint_every": 100, "precision": "auto"},
             # precision auto: bfloat16 where the CPU has AVX512-BF16 or AMX (where it was measured faster,
             # and where every page so far was made: the same heads and cache keys as "bfloat16"),
-            # float32 elsewhere: on an AVX2-only AMD EPYC bfloat16 autocast trained ~16x slower
-            # (wavesurf.drafter.train.resolve_precision)
+            # float32 elsewhere: on an AVX2-only AMD EPYC bfloat16 autocast trained ~20x slower
+            # (wavesurf.drafter.train.resolve_precision; benchmarks/precision_speed.py)
             # every head is scored alone (the layer question) and with n-gram lookup drafting first (what
             # runs fastest here: a small target's greedy answers repeat; wavesurf.drafter.lookup).
             # Draft lengths 1-4 are scored (the table reports 4; nothing reads 5-6): ~10.7 s per head's

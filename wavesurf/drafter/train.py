@@ -637,7 +637,8 @@ def resolve_precision(precision: str, device_type: str = "cpu") -> str:
     """``precision`` with ``"auto"`` settled for ``device_type``: bfloat16 where the device multiplies
     it natively (a CPU with AVX512-BF16 or AMX, a CUDA device that supports it), float32 elsewhere.
     On a CPU with AVX2 only (an AMD EPYC host here), bfloat16 autocast trained the default
-    profile's head ~16x slower than float32 (37 vs ~610 tok/s, 2 threads, torch 2.13.0)."""
+    profile's head ~20x slower than float32 (37.8 vs 817 tok/s, 2 threads, torch 2.13.0:
+    benchmarks/precision_speed.py, results/precision_speed-20261207T052104.json)."""
     import torch
 
     if precision != "auto":
