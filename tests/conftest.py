@@ -20,12 +20,31 @@ if _WORKERS > 1:
 
     torch.set_num_threads(int(os.environ["WAVESURF_THREADS"]))
 
-#: the longest tests start first, so that a worker does not begin one of them when the rest are done
-LONGEST_FIRST = ("test_notebooks_smoke_profile_through_papermill_and_nbval", "test_run_speed_table_trains_each_set")
+#: Scheduling under `-n 2 --dist loadfile`: xdist hands out whole files, by default the files with
+#: the most tests first (`loadscope-reorder`), which started the longest test, the smoke notebooks
+#: (~350 s on one core, cold), two thirds into the run. Here the files go in the order below, so
+#: that work the notebooks put in the shared cache is found there rather than built twice at once:
+#: the notebooks first (notebook 01 computes the small analysis the statistics tests share), then the
+#: drafter tests, which do not read it, then the rest; the speed table's test last, when notebook 04b
+#: has cached the smoke profile's answers, feature stores and seed-0 heads it reads.
+FIRST = ("test_notebooks_smoke_profile_through_papermill_and_nbval",)
+LAST_FILES = ("test_speed_table.py",)
+
+
+def pytest_configure(config):
+    if hasattr(config.option, "loadscopereorder"):  # pytest-xdist's option (xdist/plugin.py, 3.8.0)
+        config.option.loadscopereorder = False
 
 
 def pytest_collection_modifyitems(config, items):
-    items.sort(key=lambda item: not item.name.startswith(LONGEST_FIRST))  # stable: the rest keep their order
+    def rank(item):
+        if item.name.startswith(FIRST):
+            return 0
+        if item.path.name in LAST_FILES:
+            return 3
+        return 1 if item.path.parent.name == "drafter" else 2
+
+    items.sort(key=rank)  # stable: the rest keep their order
 
 
 @pytest.fixture(scope="session")

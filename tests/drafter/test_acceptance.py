@@ -128,7 +128,7 @@ def test_bootstrap_paired_difference():
 # ---- on the real model ----------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def greedy_store(smollm, tmp_path_factory):
-    """A feature store of SmolLM2's own greedy answers (HF ``generate``, batch 1) to 6 prompts."""
+    """A feature store of SmolLM2's own greedy answers (HF ``generate``, batch 1) to 4 prompts."""
     from wavesurf.data import load_corpus
     from wavesurf.drafter.features import FeatureSettings, build_feature_store
 
@@ -144,7 +144,7 @@ def greedy_store(smollm, tmp_path_factory):
             out = smollm.model.generate(ids, max_new_tokens=32, do_sample=False)
         rows.append({"messages": msgs + [{"role": "assistant",
                                           "content": tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True)}]})
-        if len(rows) == 6:
+        if len(rows) == 4:
             break
     where = tmp_path_factory.mktemp("greedy")
     path = where / "greedy.jsonl"
@@ -168,7 +168,7 @@ def test_offline_tau_equals_real_chain_decoding(smollm, greedy_store, tmp_cache)
     from wavesurf.drafter.train import TrainSettings, train_drafter
 
     res = train_drafter(smollm, greedy_store, LAYERS,
-                        TrainSettings(ttt_steps=3, draft_vocab_size=1024, batch_tokens=1024, max_steps=30, lr=1e-3,
+                        TrainSettings(ttt_steps=3, draft_vocab_size=1024, batch_tokens=1024, max_steps=12, lr=3e-3,
                                       warmup_steps=2, checkpoint_every=1000), progress=False)
     head, _ = load_head(res.out_dir, smollm)
     acc = offline_acceptance(smollm, head, greedy_store, max_draft_len=3, batch_tokens=1024, progress=False)
