@@ -176,7 +176,8 @@ def test_training_learns_and_saves_a_loadable_head(smollm, tiny_store, tmp_cache
 
 
 def test_bfloat16_training_is_close_to_float32_and_keeps_float32_weights(smollm, tiny_store, tmp_cache, tmp_path):
-    # 4 steps of 128 tokens: emulated bfloat16 (a CPU without AVX512-BF16/AMX) runs ~7x slower than float32
+    # 4 steps of 128 tokens: where bfloat16 is emulated (no AVX512-BF16/AMX) it trains ~25x slower than float32
+    # (benchmarks/precision_speed.py)
     base = {**FAST, "max_steps": 4, "batch_tokens": 128, "log_every": 2}
     assert "precision" not in TrainSettings(**base).fingerprint()  # earlier heads keep their cache keys
     assert TrainSettings(**base, precision="bfloat16").fingerprint()["precision"] == "bfloat16"
