@@ -28,10 +28,16 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
+#: a draft head's matrix product: hidden size in, MLP width out (SmolLM2-135M)
+HIDDEN, WIDTH = 576, 1536
+#: the layers every head here reads (the default set)
+LAYERS = [2, 15, 27]
+
+
 def matmul_ms(rows: int, dtype, repeats: int) -> float:
     import torch
 
-    x, w = torch.randn(rows, 576).to(dtype), torch.randn(1536, 576).to(dtype)
+    x, w = torch.randn(rows, HIDDEN).to(dtype), torch.randn(WIDTH, HIDDEN).to(dtype)
     torch.nn.functional.linear(x, w)
     times = []
     for _ in range(repeats):
@@ -63,9 +69,9 @@ def main() -> None:
               for rows in (128, 1024)]
     for m in matmul:
         m["bfloat16_over_float32"] = round(m["bfloat16_ms"] / m["float32_ms"], 2)
-        for name in ("float32", "bfloat16"):  # 2 x rows x 576 x 1536 multiply-adds
-            m[f"{name}_gflops"] = round(2 * m["rows"] * 576 * 1536 / (m[f"{name}_ms"] * 1e-3) / 1e9, 1)
-        print(f"matmul {m['rows']} x 576 x 1536: float32 {m['float32_ms']} ms ({m['float32_gflops']} GFLOP/s), "
+        for name in ("float32", "bfloat16"):  # 2 flops per multiply-add
+            m[f"{name}_gflops"] = round(2 * m["rows"] * HIDDEN * WIDTH / (m[f"{name}_ms"] * 1e-3) / 1e9, 1)
+        print(f"matmul {m['rows']} x {HIDDEN} x {WIDTH}: float32 {m['float32_ms']} ms ({m['float32_gflops']} GFLOP/s), "
               f"bfloat16 {m['bfloat16_ms']} ms ({m['bfloat16_gflops']} GFLOP/s)")
 
     target = load_target("smollm2-135m", device="cpu")
@@ -103,14 +109,14 @@ def _train_speeds(target, work: Path, args: argparse.Namespace) -> tuple[int, di
     from wavesurf.drafter.train import TrainSettings, train_drafter
 
     store = build_feature_store(target, FeatureSettings(dataset="sharegpt", split="train", max_tokens=args.store_tokens,
-                                                        max_len=512, batch_tokens=4096, layer_ids=[2, 15, 27]),
+                                                        max_len=512, batch_tokens=4096, layer_ids=LAYERS),
                                 path=work / "store", progress=False)
     train = {}
     for precision in ("float32", "bfloat16"):
         runs = {}
         for steps in (args.warmup, args.warmup + args.steps):  # the difference times the steps alone
             t0 = time.perf_counter()
-            res = train_drafter(target, store, [2, 15, 27], TrainSettings(**COMMON, max_steps=steps, precision=precision),
+            res = train_drafter(target, store, LAYERS, TrainSettings(**COMMON, max_steps=steps, precision=precision),
                                 work / f"{precision}-{steps}", progress=False)
             runs[steps] = (time.perf_counter() - t0, res.train_tokens)
         (s0, n0), (s1, n1) = runs[args.warmup], runs[args.warmup + args.steps]
@@ -119,7 +125,7 @@ def _train_speeds(target, work: Path, args: argparse.Namespace) -> tuple[int, di
     counted = {}
     for steps in (1, 3):  # the difference leaves out what a run does once (the vocabulary map, saving)
         with FlopCounterMode(display=False) as counter:
-            res = train_drafter(target, store, [2, 15, 27], TrainSettings(**COMMON, max_steps=steps),
+            res = train_drafter(target, store, LAYERS, TrainSettings(**COMMON, max_steps=steps),
                                 work / f"flops-{steps}", progress=False)
         counted[steps] = (counter.get_total_flops(), res.train_tokens)
     flops_per_token = (counted[3][0] - counted[1][0]) / (counted[3][1] - counted[1][1])
