@@ -110,3 +110,23 @@ def test_embedding_only_control(smollm, tiny_store, tmp_cache):
         TrainSettings(embedding_only="yes").check()
     with pytest.raises(Exception, match="reads no stream"):
         stream_contributions(control, tiny_store)
+
+
+def test_floor_misses_are_cached_per_head_table_and_store(smollm, tiny_store, head, table, tmp_cache):
+    """A second call reads the first one's entry (the notebooks after 04b read the diagnostics
+    again); another head or another table is computed afresh, never served that entry."""
+    from wavesurf.drafter.acceptance import BigramTable
+
+    first = floor_miss_accuracy(smollm, head, table, tiny_store, name="a")
+    entries = list((tmp_cache / "drafter" / "acceptance").glob("floor_misses-*"))
+    assert len(entries) == 1 and (entries[0] / "floor_misses.json").is_file()
+    again = floor_miss_accuracy(smollm, head, table, tiny_store, name="b")
+    assert again.name == "b" and again.sequence_ids == first.sequence_ids
+    for k in ("misses", "rescued", "floor_hits", "lost"):
+        assert getattr(again, k).dtype == np.int64 and np.array_equal(getattr(again, k), getattr(first, k))
+    never = BigramTable(np.full_like(table.next_token, -1), 0)  # drafts nothing: every position is a miss
+    other = floor_miss_accuracy(smollm, head, never, tiny_store)
+    assert int(other.floor_hits.sum()) == 0 and int(other.misses.sum()) == int(first.misses.sum() + first.floor_hits.sum())
+    other_head = floor_miss_accuracy(smollm, ablate_stream(head, IDS[0]), table, tiny_store)
+    assert len(list((tmp_cache / "drafter" / "acceptance").glob("floor_misses-*"))) == 3
+    assert np.array_equal(other_head.floor_hits, first.floor_hits)  # the same floor, whatever the head

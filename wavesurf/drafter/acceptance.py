@@ -433,6 +433,13 @@ class BigramTable:
     counted_pairs: int
     info: dict[str, Any] = field(default_factory=dict)
 
+    @property
+    def fingerprint(self) -> str:
+        """sha256 (16 hex) of the table itself: what a cached score of this floor is keyed by."""
+        import hashlib
+
+        return hashlib.sha256(self.next_token.tobytes()).hexdigest()[:16]
+
     def hits(self, batch: dict[str, Any], max_draft_len: int) -> Any:
         """Same contract as :func:`head_hits`: step j at position t drafts ``next_token`` of the
         (teacher-forced) token x_{t+1+j} and compares it with the target's greedy token there."""
@@ -497,11 +504,9 @@ def bigram_acceptance(target: Target, table: BigramTable, store: FeatureStore, *
                       max_draft_len: int = DEFAULT_MAX_DRAFT_LEN, batch_tokens: int = 4096, name: str = "bigram",
                       use_cache: bool = True, progress: bool = True) -> Acceptance:
     """Chain acceptance of the bigram floor on the same continuations as :func:`offline_acceptance`."""
-    import hashlib
-
     max_draft_len = check_max_draft_len(max_draft_len)
     _check_store(store, target, None)
-    fp = hashlib.sha256(table.next_token.tobytes()).hexdigest()[:16]
+    fp = table.fingerprint
     ids = [target.n_layers]  # any stored id: the floor reads no features
 
     def compute() -> Acceptance:

@@ -15,13 +15,16 @@ is the fourth: trained by the speed table beside each set.
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, field
+import json
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..cache import atomic_directory, verify_directory, write_manifest
 from ..errors import AcceptanceError
-from .acceptance import BigramTable, _check_store, _scan, head_hits
+from .acceptance import BigramTable, _cache_dir, _check_store, _entry_params, _scan, head_hits
 from .features import FeatureStore
 from .head import DraftHead
 
@@ -72,13 +75,47 @@ class FloorMisses:
         return {"rescue_rate": self.rescue_rate, "rescue_lo": float(lo), "rescue_hi": float(hi),
                 "loss_rate": self.loss_rate, "floor_misses": int(self.misses.sum()), "sequences": s}
 
+    # ---- disk (a few integers per held-out sequence: JSON) ------------------------------------
+    _COUNTS = ("misses", "rescued", "floor_hits", "lost")
+
+    def save(self, directory: Path) -> None:
+        meta = {k: (v.tolist() if k in self._COUNTS else v) for k, v in asdict(self).items()}
+        (directory / "floor_misses.json").write_text(json.dumps(meta))
+
+    @classmethod
+    def load(cls, directory: Path) -> FloorMisses:
+        meta = json.loads((directory / "floor_misses.json").read_text())
+        return cls(**{k: (np.asarray(v, dtype=np.int64) if k in cls._COUNTS else v) for k, v in meta.items()})
+
 
 def floor_miss_accuracy(target: Target, head: DraftHead, table: BigramTable, store: FeatureStore, *,
-                        batch_tokens: int = 4096, name: str = "", progress: bool = False) -> FloorMisses:
+                        batch_tokens: int = 4096, name: str = "", progress: bool = False,
+                        use_cache: bool = True) -> FloorMisses:
     """Step-0 agreement of ``head`` with the target's greedy token, split by whether the bigram
-    floor (``table``) drafts that position right, on the continuations of ``store``."""
+    floor (``table``) drafts that position right, on the continuations of ``store``. Cached by the
+    head's, the table's and the store's fingerprints, as the acceptance scores are: every notebook
+    that shows the speed table reads its diagnostics (a head's scan costs ~1/4 of its scoring)."""
+    from .head import head_fingerprint
+
     head.config.check_target(target)
     _check_store(store, target, head.config.layer_ids)
+    params = {"head": head_fingerprint(head), "bigram": table.fingerprint, "store": store.key}
+    where = _cache_dir("floor_misses", params)
+    if use_cache and verify_directory(where) is None:
+        try:
+            return replace(FloorMisses.load(where), name=name)
+        except (OSError, KeyError, ValueError, TypeError):
+            pass  # unreadable: computed again and rewritten below
+    result = _floor_misses(target, head, table, store, batch_tokens, name, progress)
+    if use_cache:
+        with atomic_directory(where, overwrite=True) as tmp:
+            result.save(tmp)
+            write_manifest(tmp, _entry_params("floor_misses", params))
+    return result
+
+
+def _floor_misses(target: Target, head: DraftHead, table: BigramTable, store: FeatureStore, batch_tokens: int,
+                  name: str, progress: bool) -> FloorMisses:
     head = head.to(target.device).eval()
     embed = target.model.get_input_embeddings()
 
