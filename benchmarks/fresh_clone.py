@@ -12,7 +12,8 @@ what the README says. Each phase records its wall time, exit status, the 1-minut
 before and after, and when each notebook's inner phase (``reproduce``'s progress lines) was first
 and last seen; the host's pace (a fixed matrix-product loop, :data:`PACE_CODE`) is timed before and
 after the phases; the result goes to ``benchmarks/results/fresh_clone-<date>.json`` through
-``_common.write_result``. The clone and its cache are deleted afterwards, also on failure or Ctrl-C
+``_common.write_result``; after a main job that finished, ``profile_summary.py`` keeps what it found
+(one JSON per model, named in ``profile_summaries``). The clone and its cache are deleted afterwards, also on failure or Ctrl-C
 (``--keep`` keeps them for inspection): a full disk once failed CI. The whole thing takes about an
 hour for ``--phases tests,main`` on two cores; time it on a quiet machine.
 """
@@ -175,6 +176,28 @@ def run_phase(name: str, command: str, cwd: Path, env: dict[str, str], log: Path
             "inner": inner_phases(stamped)}
 
 
+def profile_of(command: str) -> str:
+    """The profile a main command runs (its ``--profile`` value; ``default`` where it names none)."""
+    m = re.search(r"--profile\s+(\S+)", command)
+    return m.group(1) if m else "default"
+
+
+def result_dirs(clone: Path) -> list[Path]:
+    """The clone's ``book/results/<model>`` folders that hold a finished speed table."""
+    return sorted(p.parent.parent for p in (clone / "book" / "results").glob("*/tables/06_speed_table_summary.csv"))
+
+
+def keep_profile_summary(results: Path, profile: str, commit: str) -> str | None:
+    """What the run found, kept before the clone is deleted: ``profile_summary.py`` on one model's
+    results (its speed table, floors, embedding-only control, null, timed runs); the JSON's path
+    relative to the repository, or None where it failed (its message printed)."""
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "profile_summary.py"), "--results", str(results),
+                           "--profile", profile, "--cloned-commit", commit], cwd=ROOT, capture_output=True, text=True)
+    print(proc.stdout.strip() or proc.stderr.strip()[-2000:], flush=True)
+    m = re.search(r"written (\S+)", proc.stdout)
+    return str(Path(m.group(1)).resolve().relative_to(ROOT)) if proc.returncode == 0 and m else None
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--phases", type=parse_phases, default=list(PHASES),
@@ -213,6 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     env = {**os.environ, "WAVESURF_CACHE": str(cache), "PYTHONUNBUFFERED": "1"}
     env.pop("VIRTUAL_ENV", None)
     phases: list[dict] = []
+    summaries: list[str | None] = []
     load0 = round(os.getloadavg()[0], 2)
     pace_before = host_pace()
     try:
@@ -229,6 +253,8 @@ def main(argv: list[str] | None = None) -> int:
             if result["exit"] != 0:
                 break
         disk = sum(f.stat().st_size for f in work.rglob("*") if f.is_file() and not f.is_symlink()) / 2**30
+        summaries = [keep_profile_summary(d, profile_of(commands["main"]), commit[:10]) for d in result_dirs(clone)
+                     if any(p["phase"] == "main" and p["exit"] == 0 for p in phases)]
     finally:
         if args.keep:
             print(f"kept {work}")
@@ -241,6 +267,7 @@ def main(argv: list[str] | None = None) -> int:
         "cloned_commit": commit[:10], "profile": args.profile or "as in the README", "load_before": load0, "phases": phases, "total_seconds": round(sum(p["seconds"] for p in phases), 1),
         "host_pace": {"before": pace_before, "after": host_pace(), "code": "benchmarks/fresh_clone.py PACE_CODE"},
         "disk_gib": round(disk, 2), "ok": all(p["exit"] == 0 for p in phases),
+        "profile_summaries": [x for x in summaries if x],
         "note": "an empty WAVESURF_CACHE; pip's own download cache as found on the host"})
     print(f"written {where}")
     return 0 if all(p["exit"] == 0 for p in phases) else 1

@@ -32,6 +32,20 @@ def test_fresh_clone_phases_are_checked():
             FRESH["parse_phases"](bad)
 
 
+def test_fresh_clone_keeps_what_a_finished_main_job_found(tmp_path):
+    """The profile comes from the main command; only results folders with a speed table are summarised,
+    and a folder that is not a finished run gives None (the message printed), writing nothing."""
+    assert FRESH["profile_of"]("./setup.sh && .venv/bin/wavesurf reproduce --model m --profile long") == "long"
+    assert FRESH["profile_of"]("./setup.sh && .venv/bin/wavesurf reproduce --model m") == "default"
+    (tmp_path / "book" / "results" / "a" / "tables").mkdir(parents=True)
+    (tmp_path / "book" / "results" / "a" / "tables" / "06_speed_table_summary.csv").write_text("layer_set\n")
+    (tmp_path / "book" / "results" / "b" / "tables").mkdir(parents=True)  # a run that stopped before 06
+    assert FRESH["result_dirs"](tmp_path) == [tmp_path / "book" / "results" / "a"]
+    before = sorted((ROOT / "benchmarks" / "results").glob("profile_summary-*.json"))
+    assert FRESH["keep_profile_summary"](tmp_path / "book" / "results" / "b", "default", "abc") is None
+    assert sorted((ROOT / "benchmarks" / "results").glob("profile_summary-*.json")) == before
+
+
 def test_fresh_clone_dry_run_runs_nothing_and_writes_nothing(tmp_path):
     before = sorted((ROOT / "benchmarks" / "results").glob("fresh_clone-*.json"))
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "fresh_clone.py"), "--dry-run", "--phases", "tests",

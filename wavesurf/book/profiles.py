@@ -113,7 +113,10 @@ PROFILES: dict[str, dict[str, Any]] = {
             # precision auto: bfloat16 where the CPU has AVX512-BF16 or AMX (where it was measured faster,
             # and where every page so far was made: the same heads and cache keys as "bfloat16"),
             # float32 elsewhere: on an AVX2-only AMD EPYC bfloat16 autocast trained ~20x slower
-            # (wavesurf.drafter.train.resolve_precision; benchmarks/precision_speed.py)
+            # (wavesurf.drafter.train.resolve_precision; benchmarks/precision_speed.py). There the main job
+            # takes ~76 min (fresh clone of 45219bb: benchmarks/results/fresh_clone-20261207T104243.json; the
+            # float32 heads compute-bound at ~70% of its fastest matmul), and its float32 default heads beat the
+            # embedding-only control by +0.045 tau (0.030 to 0.060): profile_summary-20261207T104547.json
             # every head is scored alone (the layer question) and with n-gram lookup drafting first (what
             # runs fastest here: a small target's greedy answers repeat; wavesurf.drafter.lookup).
             # Draft lengths 1-4 are scored (the table reports 4; nothing reads 5-6): ~10.7 s per head's

@@ -242,7 +242,10 @@ def head_hits(head: DraftHead, batch: dict[str, Any], embed: Any, max_draft_len:
     """Teacher-forced unroll of ``head`` over one feature batch: bool [B, T, D], entry (b, t, j)
     True iff draft step j of the head at position t (fused features of t, embedding of x_{t+1},
     its own earlier outputs) picks the target's greedy token at position t+1+j, i.e. x_{t+2+j} on a
-    greedy continuation. Positions without a token to compare are False."""
+    greedy continuation. Positions without a token to compare are False. With a ``loss_mask`` in
+    the batch (a feature store's), only positions t whose next token is an answer token are read
+    out (the roots a scorer reads, :func:`_hits_for`; the others stay False): the draft-vocabulary
+    readout is ~40% of a step, and prompt positions, whose keys every root attends to, need none."""
     import torch
 
     from .train import ttt_unroll
@@ -251,14 +254,17 @@ def head_hits(head: DraftHead, batch: dict[str, Any], embed: Any, max_draft_len:
     b, t = ids.shape
     d2t = head.draft_to_target.to(ids.device)
     arg = batch["target_argmax"]
+    roots = batch["loss_mask"].to(ids.device).bool() & attn.bool() if "loss_mask" in batch else attn.bool()
     hits = torch.zeros(b, t, max_draft_len, dtype=torch.bool)
     with torch.inference_mode():
         features = batch["features"].to(head.fc.weight.dtype)
-        for j, out in ttt_unroll(head, features, embed(ids), attn, max_draft_len):
+        for j, out in ttt_unroll(head, features, embed(ids), attn, max_draft_len, with_logits=False):
             n = t - 1 - j  # positions t whose step j compares against argmax at t+1+j
-            draft = d2t[out.logits[:, :n].argmax(-1)]
-            ok = (draft == arg[:, 1 + j : 1 + j + n]) & attn[:, 1 + j : 1 + j + n]
-            hits[:, :n, j] = ok.cpu()
+            read = roots[:, 1 : 1 + n] & attn[:, 1 + j : 1 + j + n].bool()  # a root at t+1, a token at t+1+j
+            draft = d2t[head.readout(out.hidden[:, :n][read]).argmax(-1)]
+            step = torch.zeros(b, n, dtype=torch.bool, device=ids.device)
+            step[read] = draft == arg[:, 1 + j : 1 + j + n][read]
+            hits[:, :n, j] = step.cpu()
     return hits
 
 
