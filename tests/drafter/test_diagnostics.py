@@ -130,3 +130,18 @@ def test_floor_misses_are_cached_per_head_table_and_store(smollm, tiny_store, he
     other_head = floor_miss_accuracy(smollm, ablate_stream(head, IDS[0]), table, tiny_store)
     assert len(list((tmp_cache / "drafter" / "acceptance").glob("floor_misses-*"))) == 3
     assert np.array_equal(other_head.floor_hits, first.floor_hits)  # the same floor, whatever the head
+
+
+def test_scoring_with_the_floor_makes_the_floor_miss_entry(smollm, tiny_store, head, table, tmp_cache):
+    """offline_acceptances(floor=table) counts the floor misses from its own unroll and caches them;
+    floor_miss_accuracy then reads that entry, which equals a count from its own two scans."""
+    from wavesurf.drafter.acceptance import offline_acceptances
+
+    offline_acceptances(smollm, head, tiny_store, max_draft_len=3, lookup_ngrams=(0, 3), floor=table, progress=False)
+    assert len(list((tmp_cache / "drafter" / "acceptance").glob("floor_misses-*"))) == 1
+    cached = floor_miss_accuracy(smollm, head, table, tiny_store, name="x")
+    fresh = floor_miss_accuracy(smollm, head, table, tiny_store, use_cache=False)
+    assert cached.name == "x" and cached.sequence_ids == fresh.sequence_ids and cached.info == fresh.info
+    for k in ("misses", "rescued", "floor_hits", "lost"):
+        assert np.array_equal(getattr(cached, k), getattr(fresh, k)), k
+    assert int(fresh.misses.sum() + fresh.floor_hits.sum()) > 0  # something was counted

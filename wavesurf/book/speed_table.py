@@ -326,10 +326,10 @@ class SpeedTable:
 
 def _train_and_score(target: Target, train_store: Any, held_store: Any, ids: list[int], train: TrainSettings,
                      seed: int, acceptance: AcceptanceSettings, name: str,
-                     progress: bool, with_lookup: bool = False) -> tuple[Any, Any, Any, dict, Any]:
+                     progress: bool, with_lookup: bool = False, floor: Any = None) -> tuple[Any, Any, Any, dict, Any]:
     """Train one head and score it alone and, ``with_lookup``, after n-gram lookup of the
-    acceptance settings' order too (one unroll of the head for both); the last item is that
-    second score or None."""
+    acceptance settings' order too (one unroll of the head for both; with a bigram ``floor``, its
+    floor-miss diagnostics from the same unroll); the last item is that second score or None."""
     from ..drafter.acceptance import offline_acceptances
     from ..drafter.head import load_head
     from ..drafter.train import train_drafter
@@ -338,7 +338,8 @@ def _train_and_score(target: Target, train_store: Any, held_store: Any, ids: lis
     head, info = load_head(result.out_dir, target)
     orders = (0, acceptance.lookup_ngram) if with_lookup and acceptance.lookup_ngram else (0,)
     scores = offline_acceptances(target, head, held_store, max_draft_len=acceptance.max_draft_len,
-                                 lookup_ngrams=orders, names=(name, f"{name}+lookup")[: len(orders)], progress=progress)
+                                 lookup_ngrams=orders, names=(name, f"{name}+lookup")[: len(orders)], progress=progress,
+                                 floor=floor)
     return result, head, scores[0], info, scores[1] if len(scores) > 1 else None
 
 
@@ -401,13 +402,15 @@ def run_speed_table(target: Target, sets: Sequence[LayerSet], settings: SpeedTab
     default = next(s for s in sets if s.group == "default")
     control_seeds = settings.seeds_for(default)
     n_heads, done = sum(len(settings.seeds_for(s, primary)) for s in sets) + len(control_seeds), 0
+    # the bigram floor first: each head's scoring unroll also counts where the floor misses (_diagnostics)
+    table = build_bigram_table(target, corpus_name, split="train")
     for s in sets:
         for seed in settings.seeds_for(s, primary):
             done += 1
             phase("train and score heads", done, n_heads)
             result, head, acc, info, both = _train_and_score(target, train_store, held_store, s.layer_ids,
                                                              settings.train, seed, acc_cfg, f"{s.name}/seed{seed}",
-                                                             progress, with_lookup=True)
+                                                             progress, with_lookup=True, floor=table)
             runs.setdefault(s.name, []).append(acc)
             with_lookup = {}
             if both is not None:
@@ -427,7 +430,6 @@ def run_speed_table(target: Target, sets: Sequence[LayerSet], settings: SpeedTab
                 "vocab_coverage_heldout": vocab.get("heldout_coverage", ""), "drafter": result.out_dir,
             })
 
-    table = build_bigram_table(target, corpus_name, split="train")
     floor = bigram_acceptance(target, table, held_store, max_draft_len=acc_cfg.max_draft_len, progress=progress)
     k_seeds = len(control_seeds)
     floor_runs = [floor] * k_seeds  # deterministic: the same floor paired with every seed
@@ -440,7 +442,7 @@ def run_speed_table(target: Target, sets: Sequence[LayerSet], settings: SpeedTab
         phase("train and score heads", done, n_heads)
         _, head, acc, _, _ = _train_and_score(target, train_store, held_store, default.layer_ids,
                                            replace(settings.train, embedding_only=True), seed, acc_cfg,
-                                           f"{CONTROL}/seed{seed}", progress)
+                                           f"{CONTROL}/seed{seed}", progress, floor=table)
         control_runs.append(acc)
         heads_by_seed.setdefault(CONTROL, []).append(head)
     # one family of comparisons with the default: every layer set (the floors ride along, unadjusted)

@@ -375,11 +375,15 @@ def offline_acceptances(
     names: Sequence[str] | None = None,
     use_cache: bool = True,
     progress: bool = True,
+    floor: BigramTable | None = None,
 ) -> list[Acceptance]:
     """:func:`offline_acceptance` of ``head`` alone (``0`` in ``lookup_ngrams``) and after n-gram
     lookup of each other order, from one unroll of the head over the store (the head's own hits do
     not depend on what drafts before it, :func:`lookup_first`); each result is cached under the
-    key :func:`offline_acceptance` gives it, and only the missing ones are computed."""
+    key :func:`offline_acceptance` gives it, and only the missing ones are computed. With a bigram
+    ``floor`` (and the cache on), the same unroll's step-0 hits also make the head's
+    :func:`~wavesurf.drafter.diagnostics.floor_miss_accuracy` entry, which then needs no scan of its own."""
+    from .diagnostics import floor_miss_params, floor_misses_from_segments, load_floor_misses, store_floor_misses
     from .head import head_fingerprint
 
     max_draft_len = check_max_draft_len(max_draft_len)
@@ -406,16 +410,23 @@ def offline_acceptances(
     todo = [i for i, r in enumerate(results) if r is None]
     if todo:
         orders = [lookup_ngrams[i] for i in todo]
+        floor_params = floor_miss_params(fp, floor, store) if floor is not None and use_cache else None
+        with_floor = floor_params is not None and load_floor_misses(floor_params) is None
 
         def hits_fn(batch: dict[str, Any]) -> tuple[Any, ...]:
             alone = head_hits(head, {k: v.to(target.device) for k, v in batch.items()}, embed, max_draft_len)
-            return tuple(lookup_first(alone, batch, max_draft_len, n) if n else alone for n in orders)
+            scored = tuple(lookup_first(alone, batch, max_draft_len, n) if n else alone for n in orders)
+            return (*scored, alone[..., :1], floor.hits(batch, 1)) if with_floor else scored
 
         t0 = time.perf_counter()
         label = names[todo[0]] or fp
-        segments, ids, cut = _scan_variants(store, head.config.layer_ids, batch_tokens, hits_fn, len(todo), progress,
-                                            f"acceptance {label}")
+        segments, ids, cut = _scan_variants(store, head.config.layer_ids, batch_tokens, hits_fn,
+                                            len(todo) + 2 * with_floor, progress, f"acceptance {label}")
         seconds = round(time.perf_counter() - t0, 2)
+        if with_floor:
+            store_floor_misses(floor_params, floor_misses_from_segments(
+                names[todo[0]] or fp, segments[-2], segments[-1], ids,
+                {"layer_ids": list(head.config.layer_ids), "store": store.key, "cut_tokens": cut}))
         for v, i in enumerate(todo):
             n = lookup_ngrams[i]
             extra = {"lookup_ngram": n} if n else {}

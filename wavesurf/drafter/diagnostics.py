@@ -99,23 +99,9 @@ def floor_miss_accuracy(target: Target, head: DraftHead, table: BigramTable, sto
 
     head.config.check_target(target)
     _check_store(store, target, head.config.layer_ids)
-    params = {"head": head_fingerprint(head), "bigram": table.fingerprint, "store": store.key}
-    where = _cache_dir("floor_misses", params)
-    if use_cache and verify_directory(where) is None:
-        try:
-            return replace(FloorMisses.load(where), name=name)
-        except (OSError, KeyError, ValueError, TypeError):
-            pass  # unreadable: computed again and rewritten below
-    result = _floor_misses(target, head, table, store, batch_tokens, name, progress)
-    if use_cache:
-        with atomic_directory(where, overwrite=True) as tmp:
-            result.save(tmp)
-            write_manifest(tmp, _entry_params("floor_misses", params))
-    return result
-
-
-def _floor_misses(target: Target, head: DraftHead, table: BigramTable, store: FeatureStore, batch_tokens: int,
-                  name: str, progress: bool) -> FloorMisses:
+    params = floor_miss_params(head_fingerprint(head), table, store)
+    if use_cache and (found := load_floor_misses(params)) is not None:
+        return replace(found, name=name)
     head = head.to(target.device).eval()
     embed = target.model.get_input_embeddings()
 
@@ -125,9 +111,41 @@ def _floor_misses(target: Target, head: DraftHead, table: BigramTable, store: Fe
     # two scans of the same store in the same order: their continuations pair one to one
     segments, ids, cut = _scan(store, head.config.layer_ids, batch_tokens, mine, 1, progress, f"floor misses {name}")
     floor, _, _ = _scan(store, head.config.layer_ids, batch_tokens, lambda batch: table.hits(batch, 1), 1, False, "")
-    s = len(ids)
+    result = floor_misses_from_segments(name, segments, floor, ids, {"layer_ids": list(head.config.layer_ids),
+                                                                     "store": store.key, "cut_tokens": cut})
+    if use_cache:
+        store_floor_misses(params, result)
+    return result
+
+
+def floor_miss_params(head_fp: str, table: BigramTable, store: FeatureStore) -> dict[str, str]:
+    """What a cached :class:`FloorMisses` is keyed by: the head's, the table's and the store's fingerprints."""
+    return {"head": head_fp, "bigram": table.fingerprint, "store": store.key}
+
+
+def load_floor_misses(params: dict[str, str]) -> FloorMisses | None:
+    where = _cache_dir("floor_misses", params)
+    if verify_directory(where) is None:
+        try:
+            return FloorMisses.load(where)
+        except (OSError, KeyError, ValueError, TypeError):
+            pass  # unreadable: the caller computes it again and rewrites it
+    return None
+
+
+def store_floor_misses(params: dict[str, str], result: FloorMisses) -> None:
+    with atomic_directory(_cache_dir("floor_misses", params), overwrite=True) as tmp:
+        result.save(tmp)
+        write_manifest(tmp, _entry_params("floor_misses", params))
+
+
+def floor_misses_from_segments(name: str, head_segments: list, floor_segments: list, sequence_ids: list[str],
+                               info: dict[str, Any]) -> FloorMisses:
+    """Count a :class:`FloorMisses` from the step-0 hit segments of a head and of the floor on the
+    same continuations in the same order (``_scan`` of one store; pairs one to one)."""
+    s = len(sequence_ids)
     misses, rescued, floor_hits, lost = (np.zeros(s, dtype=np.int64) for _ in range(4))
-    for (seq, hits, length), (_, floor_hits_, _) in zip(segments, floor, strict=True):
+    for (seq, hits, length), (_, floor_hits_, _) in zip(head_segments, floor_segments, strict=True):
         valid = max(0, length - 1)
         h, f = hits[:valid, 0], floor_hits_[:valid, 0]
         misses[seq] += int((~f).sum())
@@ -135,8 +153,8 @@ def _floor_misses(target: Target, head: DraftHead, table: BigramTable, store: Fe
         floor_hits[seq] += int(f.sum())
         lost[seq] += int((~h & f).sum())
     keep = (misses + floor_hits) > 0
-    return FloorMisses(name, [i for i, k in zip(ids, keep) if k], misses[keep], rescued[keep], floor_hits[keep],
-                       lost[keep], {"layer_ids": list(head.config.layer_ids), "store": store.key, "cut_tokens": cut})
+    return FloorMisses(name, [i for i, k in zip(sequence_ids, keep) if k], misses[keep], rescued[keep],
+                       floor_hits[keep], lost[keep], dict(info))
 
 
 def _stream_slice(head: DraftHead, i: int) -> slice:
