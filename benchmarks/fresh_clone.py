@@ -253,8 +253,8 @@ def main(argv: list[str] | None = None) -> int:
             if result["exit"] != 0:
                 break
         disk = sum(f.stat().st_size for f in work.rglob("*") if f.is_file() and not f.is_symlink()) / 2**30
-        summaries = [keep_profile_summary(d, profile_of(commands["main"]), commit[:10]) for d in result_dirs(clone)
-                     if any(p["phase"] == "main" and p["exit"] == 0 for p in phases)]
+        if any(p["phase"] == "main" and p["exit"] == 0 for p in phases):
+            summaries = [keep_profile_summary(d, profile_of(commands["main"]), commit[:10]) for d in result_dirs(clone)]
     finally:
         if args.keep:
             print(f"kept {work}")

@@ -310,17 +310,19 @@ def _cache_dir(kind: str, params: dict[str, Any]) -> Path:
     return cache_root() / "drafter" / "acceptance" / f"{kind}-{params_key(_entry_params(kind, params))}"
 
 
-def _load_cached(kind: str, params: dict[str, Any]) -> Acceptance | None:
+def _load_cached(kind: str, params: dict[str, Any], result_type: Any = None) -> Any:
+    """The cached result of ``kind`` under ``params`` (an :class:`Acceptance`, or ``result_type``:
+    any class with ``load(directory)``/``save(directory)``), None where missing or unreadable."""
     where = _cache_dir(kind, params)
     if verify_directory(where) is None:
         try:
-            return Acceptance.load(where)
+            return (result_type or Acceptance).load(where)
         except (OSError, KeyError, ValueError, TypeError):
             pass
     return None
 
 
-def _store_cached(kind: str, params: dict[str, Any], result: Acceptance) -> None:
+def _store_cached(kind: str, params: dict[str, Any], result: Any) -> None:
     with atomic_directory(_cache_dir(kind, params), overwrite=True) as tmp:
         result.save(tmp)
         write_manifest(tmp, _entry_params(kind, params))

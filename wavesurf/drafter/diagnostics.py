@@ -22,9 +22,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..cache import atomic_directory, verify_directory, write_manifest
 from ..errors import AcceptanceError
-from .acceptance import BigramTable, _cache_dir, _check_store, _entry_params, _scan, head_hits
+from .acceptance import BigramTable, _check_store, _load_cached, _scan, _store_cached, head_hits
 from .features import FeatureStore
 from .head import DraftHead
 
@@ -124,19 +123,12 @@ def floor_miss_params(head_fp: str, table: BigramTable, store: FeatureStore) -> 
 
 
 def load_floor_misses(params: dict[str, str]) -> FloorMisses | None:
-    where = _cache_dir("floor_misses", params)
-    if verify_directory(where) is None:
-        try:
-            return FloorMisses.load(where)
-        except (OSError, KeyError, ValueError, TypeError):
-            pass  # unreadable: the caller computes it again and rewrites it
-    return None
+    """The cached :class:`FloorMisses` under ``params`` (:func:`floor_miss_params`), None if missing."""
+    return _load_cached("floor_misses", params, FloorMisses)
 
 
 def store_floor_misses(params: dict[str, str], result: FloorMisses) -> None:
-    with atomic_directory(_cache_dir("floor_misses", params), overwrite=True) as tmp:
-        result.save(tmp)
-        write_manifest(tmp, _entry_params("floor_misses", params))
+    _store_cached("floor_misses", params, result)
 
 
 def floor_misses_from_segments(name: str, head_segments: list, floor_segments: list, sequence_ids: list[str],
